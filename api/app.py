@@ -1,0 +1,155 @@
+"""create_app: the FastAPI application of one ServerState (routes, auth, errors, metrics)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from corral.api.errors import install_error_handlers, model_not_found, unauthorized
+from corral.api.openapi import build_openapi
+from corral.api.protocol import ChatCompletionRequest, CompletionRequest
+from corral.api.responses import (
+    ChatCompletion,
+    Completion,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    dump,
+)
+from corral.api.serving_chat import create_chat_completion
+from corral.api.serving_completion import create_completion
+from corral.api.state import ServerState
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "invalid request, schema or grammar"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    429: {"model": ErrorResponse, "description": "queue full; see Retry-After"},
+}
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.corral
+
+
+def _check_key(request: Request) -> None:
+    key = _state(request).config.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(
+        token.strip().encode(), key.encode()
+    ):
+        raise unauthorized()
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The OpenAI-compatible app; the engine starts and stops with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await state.engine.start()
+        on_ready = getattr(app.state, "on_ready", None)
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await state.engine.stop()
+            for close in state.extra_shutdown:
+                close()
+
+    app = FastAPI(title="Corral", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.corral = state
+    install_error_handlers(app)
+    app.add_middleware(_StatusCounter, state=state)
+    _add_routes(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _add_routes(app: FastAPI) -> None:
+    v1 = [Depends(_check_key)]
+
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=v1,
+        response_model=None,
+        responses={200: {"model": ChatCompletion}, **_ERRORS},
+    )
+    async def chat(
+        body: ChatCompletionRequest, request: Request
+    ) -> JSONResponse | StreamingResponse:
+        return await create_chat_completion(_state(request), body, request)
+
+    @app.post(
+        "/v1/completions",
+        dependencies=v1,
+        response_model=None,
+        responses={200: {"model": Completion}, **_ERRORS},
+    )
+    async def completions(
+        body: CompletionRequest, request: Request
+    ) -> JSONResponse | StreamingResponse:
+        return await create_completion(_state(request), body, request)
+
+    @app.get("/v1/models", dependencies=v1, response_model=ModelList, responses={401: _ERRORS[401]})
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse(dump(ModelList(data=[_card(_state(request))])))
+
+    @app.get("/v1/models/{model}", dependencies=v1, response_model=ModelCard, responses=_ERRORS)
+    async def model(model: str, request: Request) -> JSONResponse:
+        state = _state(request)
+        if model != state.model_name:
+            raise model_not_found(model, state.model_name)
+        return JSONResponse(dump(_card(state)))
+
+    @app.get("/health")
+    async def health(request: Request) -> dict[str, str]:
+        return {"status": "ok", "model": _state(request).model_name}
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics(request: Request) -> Response:
+        body = _state(request).metrics.render()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(
+        id=state.model_name, created=state.created, context_length=state.context_length
+    )
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        app.openapi_schema = build_openapi(app, app.state.corral.model_name)
+    return app.openapi_schema
+
+
+class _StatusCounter:
+    """Pure ASGI middleware: counts every HTTP response by route and status code."""
+
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                route = scope.get("route")
+                endpoint = getattr(route, "path", "other")
+                self.state.metrics.requests.labels(
+                    endpoint=endpoint, status=str(message["status"])
+                ).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,93 @@
+"""One chat choice as its engine outputs arrive: what may be shown now, and what it was in the end.
+
+Plain text streams as it comes. Tool-call output is held back until the choice finishes (its
+arguments are only complete then); in ``auto`` mode the first characters are held only while they
+could still be the start of the tool-call tag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from corral.api.responses import ChoiceLogprobs, TokenLogprob, TopLogprob
+from corral.api.tools import TOOL_CALL_TAG, ParsedOutput, ToolPlan, parse_output
+
+
+class LogprobFormatter:
+    """Engine ``TokenLogprob``s (ids) -> OpenAI logprob entries (token text and bytes)."""
+
+    def __init__(self, tokenizer: Any, top: int) -> None:
+        self.top = top
+        self._text = lru_cache(maxsize=65536)(lambda i: tokenizer.decode([i]))
+
+    def entry(self, lp: Any) -> TokenLogprob:
+        text = self._text(lp.token_id)
+        tops = [
+            TopLogprob(token=self._text(i), logprob=v, bytes=list(self._text(i).encode()))
+            for i, v in lp.top[: self.top]
+        ]
+        return TokenLogprob(
+            token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=tops
+        )
+
+    def content(self, lps: list[Any]) -> ChoiceLogprobs:
+        return ChoiceLogprobs(content=[self.entry(lp) for lp in lps])
+
+
+@dataclass
+class ChoiceState:
+    """Accumulates one choice; ``add`` returns the text (and logprobs) that may be shown now."""
+
+    index: int
+    plan: ToolPlan
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    logprobs: list[Any] = field(default_factory=list)
+    _shown: int = 0  # characters of `text` already released
+    _shown_lp: int = 0
+    _holding: bool = True  # undecided or tool-call output: nothing released yet
+
+    def __post_init__(self) -> None:
+        self._holding = self.plan.mode in ("auto", "required")
+
+    def add(self, out: Any) -> tuple[str, list[Any]]:
+        self.text += out.text
+        self.num_tokens += len(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        if out.finish_reason is not None:
+            self.finish_reason = out.finish_reason
+        if self._holding and self.plan.mode == "auto" and not self._maybe_tool_call():
+            self._holding = False
+        if self._holding:
+            return "", []
+        return self._release()
+
+    def _maybe_tool_call(self) -> bool:
+        """Still possibly a tool call: the text is a prefix of the tag or starts with it."""
+        return self.text.startswith(TOOL_CALL_TAG) or (
+            TOOL_CALL_TAG.startswith(self.text) and self.finish_reason is None
+        )
+
+    def _release(self) -> tuple[str, list[Any]]:
+        delta, lps = self.text[self._shown :], self.logprobs[self._shown_lp :]
+        self._shown, self._shown_lp = len(self.text), len(self.logprobs)
+        return delta, lps
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def result(self) -> tuple[ParsedOutput, str]:
+        """The final content / tool calls and the OpenAI finish reason."""
+        parsed = parse_output(self.text, self.plan)
+        if parsed.tool_calls:
+            return parsed, "tool_calls"
+        return parsed, "length" if self.finish_reason == "length" else "stop"
+
+    def held_text(self) -> tuple[str, list[Any]]:
+        """At the end: held-back text that turned out not to be tool calls, to release as content."""
+        return self._release()

@@ -1,0 +1,123 @@
+"""ServerConfig: every `corral serve` setting, its flag, its environment variable and its meaning.
+
+One table (`SETTINGS`) drives the command-line flags, the environment variables and the README's
+configuration table, so the three cannot drift apart. Precedence: flag, then environment, then
+the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+_GIB = 1 << 30
+
+
+def parse_bytes(text: str) -> int:
+    """A memory size: a plain number of GiB (``"2"``, ``"0.5"``) or bytes with a unit.
+
+    ``"512MB"``, ``"2GB"``, ``"1073741824B"`` and ``"1073741824"`` (a number above 1024 is read as
+    bytes) are all accepted, so both ``CORRAL_MEMORY_GB=2`` and a byte count work.
+    """
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": _GIB, "T": 1 << 40}
+    scale = units.get(t[-1:]) if t else None
+    number = t[:-1] if scale else t
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a memory size; write e.g. 2, 0.5, 512MB or 2GB"
+        ) from None
+    if scale is None:
+        scale = 1 if value > 1024 else _GIB
+    size = int(value * scale)
+    if size <= 0:
+        raise ValueError(f"memory size {text!r} must be positive")
+    return size
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration entry: field name, flag, environment variable, parser and help."""
+
+    field: str
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    help: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How `corral serve` runs; validated on construction.
+
+    ``model`` None serves the embedded SmolLM2-135M-Instruct. ``api_key`` None means no
+    authentication. ``memory_bytes`` is the KV-cache budget. ``max_concurrent`` requests decode
+    together; up to ``queue_limit`` more wait, and beyond that a request gets a 429.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    model: str | None = None
+    model_name: str | None = None
+    memory_bytes: int = _GIB
+    max_concurrent: int = 16
+    queue_limit: int = 64
+    cache_dir: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, got {self.port}")
+        if self.max_concurrent < 1:
+            raise ValueError(f"max concurrent requests must be >= 1, got {self.max_concurrent}")
+        if self.queue_limit < 0:
+            raise ValueError(f"queue limit must be >= 0, got {self.queue_limit}")
+        if self.memory_bytes < 1 << 20:
+            raise ValueError(f"memory budget must be at least 1MB, got {self.memory_bytes} bytes")
+        if self.api_key == "":
+            object.__setattr__(self, "api_key", None)
+
+    @classmethod
+    def from_sources(
+        cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> ServerConfig:
+        """Flags (None = not given) over environment variables over the defaults."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            if flags.get(s.field) is not None:
+                values[s.field] = flags[s.field]
+            elif environ.get(s.env):
+                try:
+                    values[s.field] = s.parse(environ[s.env])
+                except ValueError as e:
+                    raise ValueError(f"{s.env}={environ[s.env]!r}: {e}") from None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("model", "--model", "CORRAL_MODEL", str,
+            "Hugging Face model folder or .gguf file; default: the embedded SmolLM2-135M-Instruct"),
+    Setting("model_name", "--model-name", "CORRAL_MODEL_NAME", str,
+            "the model id clients send and /v1/models lists; default: derived from the path"),
+    Setting("host", "--host", "CORRAL_HOST", str, "address to listen on (default 127.0.0.1)"),
+    Setting("port", "--port", "CORRAL_PORT", int, "TCP port (default 8000)"),
+    Setting("api_key", "--api-key", "CORRAL_API_KEY", str,
+            "require `Authorization: Bearer <key>` on /v1/* (default: no key)"),
+    Setting("memory_bytes", "--memory", "CORRAL_MEMORY_GB", parse_bytes,
+            "KV-cache memory budget: GiB (e.g. 2) or bytes with a unit (512MB); default 1"),
+    Setting("max_concurrent", "--max-concurrent", "CORRAL_MAX_CONCURRENT", int,
+            "requests decoded together (default 16)"),
+    Setting("queue_limit", "--queue-limit", "CORRAL_QUEUE_LIMIT", int,
+            "requests allowed to wait beyond those; more get 429 + Retry-After (default 64)"),
+    Setting("cache_dir", "--cache-dir", "CORRAL_CACHE_DIR", str,
+            "converted models and compiled constraints (default ~/.cache/corral)"),
+    Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,
+            "debug, info, warning or error (default info)"),
+)  # fmt: skip

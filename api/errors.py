@@ -1,0 +1,199 @@
+"""The one place where exceptions become OpenAI-shaped error responses.
+
+Client mistakes are typed (``ApiError``, ``ConstraintError``, the engine's ``RequestError``,
+pydantic validation errors) and map to 4xx with ``{"error": {"message", "type", "param",
+"code"}}``. Anything else is a server bug: a 500, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from corral.engine.core import RequestError
+from corral.grammar import ConstraintError
+
+log = logging.getLogger("corral.api")
+
+INVALID_REQUEST = "invalid_request_error"
+
+
+class ApiError(Exception):
+    """An error response: status, OpenAI error fields and extra headers (e.g. Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+    def body(self) -> dict[str, Any]:
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return {"error": error | self.extra}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def constraint_error(e: ConstraintError, param: str, pointer: str | None = None) -> ApiError:
+    """A constraint the client sent that cannot be compiled or enforced exactly: a 400.
+
+    ``pointer`` overrides ``e.pointer`` when the caller has mapped it back onto the schema the
+    client wrote (tools are compiled as one combined schema).
+    """
+    pointer = e.pointer if pointer is None else pointer
+    where = f" (at {pointer or '/'}" + (f", keyword '{e.keyword}'" if e.keyword else "") + ")"
+    return ApiError(
+        400,
+        f"{param}: {e.reason}{where}",
+        param=param,
+        code="invalid_constraint",
+        extra={"pointer": pointer, "keyword": e.keyword},
+    )
+
+
+def model_not_found(model: str, served: str) -> ApiError:
+    return ApiError(
+        404,
+        f"the model '{model}' does not exist; this server serves '{served}' (see GET /v1/models)",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def unauthorized() -> ApiError:
+    return ApiError(
+        401,
+        "missing or incorrect API key: send the header 'Authorization: Bearer <key>'",
+        code="invalid_api_key",
+    )
+
+
+def queue_full(retry_after_s: int) -> ApiError:
+    return ApiError(
+        429,
+        "the server is at its request limit (running + queued); retry after a short wait",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def as_api_error(exc: Exception) -> ApiError:
+    """The error response for any exception; an untyped one is a logged 500 (a server bug)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ConstraintError):
+        return constraint_error(exc, "response_format")
+    if isinstance(exc, RequestError):
+        return bad_request(str(exc))
+    log.error("unhandled error", exc_info=exc)
+    return ApiError(500, "internal server error (a bug; see the server log)", type="server_error")
+
+
+def status_of(exc: Exception) -> int:
+    if isinstance(exc, ApiError):
+        return exc.status
+    return 400 if isinstance(exc, ConstraintError | RequestError) else 500
+
+
+def error_event(exc: Exception) -> str:
+    """An error after a stream has started: an SSE event with the OpenAI error body."""
+    return f"data: {json.dumps(as_api_error(exc).body())}\n\n"
+
+
+def _validation_param(loc: tuple[Any, ...], body: Any, missing: bool) -> str | None:
+    """``("body", "messages", 0, "user", "content")`` -> ``"messages[0].content"``.
+
+    The path is walked alongside the request body, and only parts found in it are kept:
+    pydantic also puts union tags (a message's ``role``, a format's ``type``, ``str`` or
+    ``list[...]`` for plain unions) into the path. A ``missing`` field's name is kept.
+    """
+    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    text, node = "", body
+    for i, part in enumerate(parts):
+        found = isinstance(node, dict | list) and _has(node, part)
+        if not found and not (missing and i == len(parts) - 1):
+            continue  # a union tag, not a field
+        text += f"[{part}]" if isinstance(part, int) else ("." if text else "") + str(part)
+        node = node[part] if found else None
+    return text or None
+
+
+def _has(node: dict | list, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(part, int) and 0 <= part < len(node)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request body"}
+    param = _validation_param(tuple(first.get("loc", ())), exc.body, first.get("type") == "missing")
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "json_invalid":
+        msg = "the request body is not valid JSON"
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return bad_request(
+        f"{param + ': ' if param else ''}{msg}{more}", param=param, code="invalid_value"
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the mapping; every handler returns the OpenAI error shape."""
+
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(ConstraintError)
+    async def _constraint(_: Request, exc: ConstraintError) -> JSONResponse:
+        return as_api_error(exc).response()
+
+    @app.exception_handler(RequestError)
+    async def _engine_request(_: Request, exc: RequestError) -> JSONResponse:
+        return as_api_error(exc).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        err = ApiError(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s", request.method, request.url.path)
+        # a 500 is sent outside the app's middleware, so it is counted here
+        state = getattr(request.app.state, "corral", None)
+        if state is not None:
+            route = getattr(request.scope.get("route"), "path", "other")
+            state.metrics.requests.labels(endpoint=route, status="500").inc()
+        return as_api_error(exc).response()

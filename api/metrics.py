@@ -1,0 +1,145 @@
+"""Prometheus metrics, in a registry per app (never the process-global one).
+
+Request-path metrics (status counts, tokens, TTFT, inter-token latency) are observed as requests
+run; engine and compile-service gauges are read from their ``stats()`` at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
+StatsFn = Callable[[], Mapping[str, Any]]
+
+
+class ServerMetrics:
+    """The metrics one server exposes at ``/metrics``."""
+
+    def __init__(
+        self, engine_stats: StatsFn, compile_stats: StatsFn, admission_stats: StatsFn
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "corral_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "corral_generations",
+            "admitted generations by endpoint and outcome (200, 4xx, 499 client left, 500)",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("corral_prompt_tokens", "prompt tokens processed", registry=r)
+        self.completion_tokens = Counter("corral_completion_tokens", "tokens generated", registry=r)
+        self.cached_tokens = Counter(
+            "corral_radix_cache_hit_tokens",
+            "prompt tokens served from the radix prefix cache",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "corral_time_to_first_token_seconds",
+            "from request arrival to its first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "corral_inter_token_latency_seconds",
+            "time between consecutive generated tokens of one choice",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "corral_request_duration_seconds",
+            "from arrival to the last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        r.register(_StatsCollector(engine_stats, compile_stats, admission_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StatsCollector(Collector):
+    """Gauges and counters read from the engine and the compile service when scraped."""
+
+    def __init__(self, engine: StatsFn, compiles: StatsFn, admission: StatsFn) -> None:
+        self._engine, self._compiles, self._admission = engine, compiles, admission
+
+    def describe(self) -> list:
+        return []  # dynamic: describe nothing, so registration does not call collect()
+
+    def collect(self) -> Iterator[Any]:
+        yield from _engine_metrics(self._engine())
+        yield from _compile_metrics(self._compiles())
+        adm = self._admission()
+        yield GaugeMetricFamily(
+            "corral_requests_in_flight",
+            "requests admitted and not finished",
+            value=adm.get("in_flight", 0),
+        )
+        yield GaugeMetricFamily(
+            "corral_queue_depth",
+            "requests admitted but waiting for the engine",
+            value=_first(
+                self._engine(), ("num_waiting", "waiting", "queue_depth"), adm.get("queued", 0)
+            ),
+        )
+
+
+def _first(stats: Mapping[str, Any], keys: tuple[str, ...], default: float = 0.0) -> float:
+    for k in keys:
+        if k in stats and stats[k] is not None:
+            return float(stats[k])
+    return float(default)
+
+
+def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
+    yield GaugeMetricFamily(
+        "corral_running_requests",
+        "sequences decoding now",
+        value=_first(s, ("num_running", "running")),
+    )
+    yield GaugeMetricFamily(
+        "corral_kv_cache_usage_ratio",
+        "fraction of KV-pool slots in use (running sequences and the prefix cache)",
+        value=_first(s, ("kv_usage", "kv_cache_usage")),
+    )
+
+
+def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
+    by_source = CounterMetricFamily(
+        "corral_constraint_compiles",
+        "constraints obtained, by where they came from",
+        labels=["source"],
+    )
+    by_source.add_metric(["memory"], float(s.get("hits_memory", 0)))
+    by_source.add_metric(["disk"], float(s.get("hits_disk", 0)))
+    by_source.add_metric(["compiled"], float(s.get("compiles", 0)))
+    yield by_source
+    failures = CounterMetricFamily(
+        "corral_constraint_compile_failures",
+        "constraints refused as a client mistake (cached or not)",
+    )
+    failures.add_metric([], float(s.get("compile_failures", 0)) + float(s.get("hits_failure", 0)))
+    yield failures
+    seconds = CounterMetricFamily(
+        "corral_constraint_compile_seconds", "time spent compiling constraints"
+    )
+    seconds.add_metric([], float(s.get("compile_seconds_sum", 0.0)))
+    yield seconds
+    count = CounterMetricFamily(
+        "corral_constraint_compile_count", "compiles timed in compile_seconds"
+    )
+    count.add_metric([], float(s.get("compile_seconds_count", 0)))
+    yield count

@@ -1,0 +1,85 @@
+"""Build a ServerState from a ServerConfig (model, engine, compile service) and serve it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from corral.api.config import ServerConfig
+from corral.api.state import ServerState
+
+log = logging.getLogger("corral.api")
+
+
+def build_state(config: ServerConfig) -> ServerState:
+    """Load the model and build the engine and the compile service (no network)."""
+    from corral.engine.assets import load_model
+    from corral.engine.async_engine import AsyncEngine
+    from corral.engine.config import EngineConfig
+    from corral.grammar import TokenizerInfo
+    from corral.schema_cache import CacheConfig, CompileService
+
+    model = load_model(config.model, cache_dir=config.cache_dir)
+    tok = TokenizerInfo.from_hf(
+        model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
+    )
+    # Workers for the risky compiles start in the background now, so the first such
+    # constraint does not wait for one.
+    root = Path(config.cache_dir) / "constraints" if config.cache_dir else None
+    cache = CacheConfig(root=root, prestart_workers=True)
+    compiler = CompileService(tok, cache)
+    engine_config = EngineConfig(
+        kv_cache_bytes=config.memory_bytes, max_num_seqs=config.max_concurrent
+    )
+    engine = AsyncEngine(model, engine_config, compiler.get_or_compile)
+    state = ServerState(
+        config=config,
+        model_name=config.model_name or model.name,
+        context_length=model.max_position_embeddings,
+        kv_capacity=int(engine.stats()["kv_capacity_tokens"]),
+        tokenizer=model.tokenizer,
+        engine=engine,
+        compile_fn=compiler.aget_or_compile,
+        compile_stats=compiler.stats,
+        created=int(time.time()),
+        chat_template=model.chat_template,
+    )
+    state.extra_shutdown.append(compiler.close)
+    return state
+
+
+def startup_line(state: ServerState) -> str:
+    c = state.config
+    auth = "API key required" if c.api_key else "no API key"
+    return (
+        f"Corral serving {state.model_name} (context {state.context_length} tokens) "
+        f"at http://{c.host}:{c.port}/v1 ({auth}; metrics at /metrics)"
+    )
+
+
+def serve(config: ServerConfig) -> int:
+    """Load everything, then run uvicorn until interrupted. Returns an exit status."""
+    import uvicorn
+
+    from corral.api.app import create_app
+
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    t0 = time.monotonic()
+    print(
+        f"Corral: loading {config.model or 'the embedded SmolLM2-135M-Instruct'} ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    state = build_state(config)
+    app = create_app(state)
+    app.state.on_ready = lambda: print(
+        startup_line(state) + f" — ready in {time.monotonic() - t0:.1f}s", flush=True
+    )
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_level=config.log_level, access_log=False
+    )
+    return 0

@@ -1,0 +1,214 @@
+"""POST /v1/completions: plain prompts (text or token ids), one engine request per prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from corral.api.choices import LogprobFormatter
+from corral.api.constraints import compile_or_400, constraint_error, format_spec, unenforced_report
+from corral.api.engine_call import EngineCall, end_request, merged, watch_disconnect
+from corral.api.errors import bad_request, error_event, status_of
+from corral.api.protocol import CompletionRequest
+from corral.api.responses import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Usage,
+    dump,
+    new_id,
+    now,
+)
+from corral.api.sampling import check_model, sampling_params
+from corral.api.state import ServerState
+
+ENDPOINT = "completions"
+MAX_PROMPTS = 16
+
+
+def prompt_ids_list(state: ServerState, prompt: Any) -> list[list[int]]:
+    """The request's prompts as token ids (text is tokenized with the tokenizer's own BOS rule)."""
+    if isinstance(prompt, str):
+        prompts: list[Any] = [prompt]
+    elif prompt and all(isinstance(t, int) for t in prompt):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise bad_request("prompt must not be empty", param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    vocab = len(state.tokenizer)
+    out = []
+    for p in prompts:
+        ids = list(state.tokenizer.encode(p)) if isinstance(p, str) else list(p)
+        if not ids:
+            raise bad_request("a prompt must have at least one token", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise bad_request(f"token ids must be in [0, {vocab})", param="prompt")
+        out.append(ids)
+    return out
+
+
+async def create_completion(
+    state: ServerState, req: CompletionRequest, request: Request
+) -> JSONResponse | StreamingResponse:
+    arrival = time.monotonic()
+    check_model(state, req.model)
+    prompts = prompt_ids_list(state, req.prompt)
+    fmt = format_spec(req.response_format)
+    params = [sampling_params(state, req, len(p), req.max_tokens, req.stop_list()) for p in prompts]
+    compiled, report = None, None
+    if fmt is not None:
+        compiled = await compile_or_400(
+            state.compile_fn, fmt.spec, lambda e: constraint_error(e, fmt.param)
+        )
+        report = unenforced_report(compiled, fmt.param)
+    state.admission.enter()
+    calls = [
+        EngineCall(state, p, sp, compiled, arrival=arrival)
+        for p, sp in zip(prompts, params, strict=True)
+    ]
+    job = _Job(state, req, calls, report)
+    if req.stream:
+        return StreamingResponse(job.stream(), media_type="text/event-stream")
+    status = 500
+    try:
+        response = await job.complete(request)
+        status = 200
+        return response
+    except Exception as e:
+        status = status_of(e)
+        raise
+    finally:
+        end_request(state, ENDPOINT, status, arrival)
+
+
+class _Job:
+    """The engine calls of one completions request and how their outputs become choices."""
+
+    def __init__(
+        self, state: ServerState, req: CompletionRequest, calls: list[EngineCall], report: Any
+    ) -> None:
+        self.state, self.req, self.calls, self.report = state, req, calls, report
+        self.id, self.created = new_id("cmpl-"), now()
+        self.lp = (
+            LogprobFormatter(state.tokenizer, req.logprobs or 0)
+            if req.logprobs is not None
+            else None
+        )
+
+    def _echo(self, k: int) -> str:
+        return self.state.tokenizer.decode(self.calls[k].prompt_ids) if self.req.echo else ""
+
+    def _index(self, k: int, out: Any) -> int:
+        return k * self.req.n + out.index
+
+    async def complete(self, request: Request) -> JSONResponse:
+        texts: dict[int, str] = {}
+        lps: dict[int, list[Any]] = {}
+        finish: dict[int, str] = {}
+        watcher = asyncio.create_task(watch_disconnect(request, self.calls))
+        try:
+            async for k, out in merged(self.calls):
+                i = self._index(k, out)
+                texts[i] = texts.get(i, self._echo(k)) + out.text
+                lps.setdefault(i, []).extend(out.logprobs or ())
+                if out.finish_reason is not None:
+                    finish[i] = "length" if out.finish_reason == "length" else "stop"
+        finally:
+            watcher.cancel()
+            for c in self.calls:
+                await c.close()
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=texts.get(i, ""),
+                finish_reason=finish.get(i, "stop"),
+                logprobs=self._logprobs(lps.get(i, [])),
+            )
+            for i in range(len(self.calls) * self.req.n)
+        ]
+        body = Completion(
+            id=self.id,
+            created=self.created,
+            model=self.state.model_name,
+            choices=choices,
+            usage=self._usage(),
+            unenforced=self.report,
+        )
+        return JSONResponse(dump(body))
+
+    def _logprobs(self, lps: list[Any], offset: int = 0) -> CompletionLogprobs | None:
+        if self.lp is None:
+            return None
+        entries = [self.lp.entry(lp) for lp in lps]
+        offsets, pos = [], offset
+        for e in entries:
+            offsets.append(pos)
+            pos += len(e.token)
+        return CompletionLogprobs(
+            tokens=[e.token for e in entries],
+            token_logprobs=[e.logprob for e in entries],
+            top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+            text_offset=offsets,
+        )
+
+    def _usage(self) -> Usage:
+        prompt = sum(c.num_prompt_tokens for c in self.calls)
+        completion = sum(c.num_output_tokens for c in self.calls)
+        cached = sum(c.num_cached_tokens for c in self.calls)
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details={"cached_tokens": cached},
+        )
+
+    async def stream(self) -> AsyncIterator[str]:
+        status, started, offsets = 499, set(), {}
+        try:
+            async for k, out in merged(self.calls):
+                i = self._index(k, out)
+                text = out.text
+                if i not in started:
+                    started.add(i)
+                    text = self._echo(k) + text
+                lp = self._logprobs(list(out.logprobs or ()), offsets.get(i, 0))
+                offsets[i] = offsets.get(i, 0) + len(text)
+                finish = (
+                    None
+                    if out.finish_reason is None
+                    else ("length" if out.finish_reason == "length" else "stop")
+                )
+                yield self._event(
+                    [CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=lp)]
+                )
+            if self.req.stream_options is not None and self.req.stream_options.include_usage:
+                yield self._event([], self._usage())
+            yield "data: [DONE]\n\n"
+            status = 200
+        except Exception as e:
+            status = status_of(e)
+            yield error_event(e)
+        finally:
+            for c in self.calls:
+                await c.close()
+            end_request(self.state, ENDPOINT, status, self.calls[0].arrival)
+
+    def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
+        chunk = Completion(
+            id=self.id,
+            created=self.created,
+            model=self.state.model_name,
+            choices=choices,
+            usage=usage,
+            unenforced=self.report,
+        )
+        self.report = None  # the lenient-mode report goes with the first event only
+        return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"

@@ -1,0 +1,88 @@
+"""ServerState: everything a running server holds (kept in ``app.state``, never in a global)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.api.config import ServerConfig
+from corral.api.constraints import CompileFn
+from corral.api.errors import queue_full
+from corral.api.metrics import ServerMetrics, StatsFn
+from corral.api.prompting import ChatFormatter
+
+
+class Admission:
+    """Bounds the requests in flight: ``max_concurrent`` run, ``queue_limit`` more may wait.
+
+    Beyond that a request is refused at once with a 429 and ``Retry-After`` rather than queued
+    without bound (which would only turn into client timeouts).
+    """
+
+    def __init__(self, max_concurrent: int, queue_limit: int, retry_after_s: int = 1) -> None:
+        self.max_concurrent = max_concurrent
+        self.limit = max_concurrent + queue_limit
+        self.retry_after_s = retry_after_s
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """Admit one request or raise the 429 ``ApiError``; pair with :meth:`leave`."""
+        with self._lock:
+            if self._in_flight >= self.limit:
+                raise queue_full(self.retry_after_s)
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            n = self._in_flight
+        return {"in_flight": n, "queued": max(0, n - self.max_concurrent)}
+
+
+@dataclass
+class ServerState:
+    """The served model and the services around it.
+
+    ``engine`` is a started-on-lifespan ``AsyncEngine``; ``compile_fn`` awaits a compiled
+    constraint (raising ``ConstraintError``). Prompt + max_tokens must fit both the model's
+    ``context_length`` and the KV cache's ``kv_capacity`` (tokens).
+    """
+
+    config: ServerConfig
+    model_name: str
+    context_length: int
+    kv_capacity: int
+    tokenizer: Any
+    engine: Any
+    compile_fn: CompileFn
+    compile_stats: StatsFn
+    formatter: ChatFormatter = field(init=False)
+    admission: Admission = field(init=False)
+    metrics: ServerMetrics = field(init=False)
+    created: int = 0
+    chat_template: str | None = None
+    extra_shutdown: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.formatter = ChatFormatter(self.tokenizer, self.chat_template)
+        self.admission = Admission(self.config.max_concurrent, self.config.queue_limit)
+        self.metrics = ServerMetrics(self._engine_stats, self.compile_stats, self.admission.stats)
+
+    def _engine_stats(self) -> dict[str, Any]:
+        stats = getattr(self.engine, "stats", None)
+        return dict(stats()) if callable(stats) else {}

@@ -1,0 +1,274 @@
+"""Engine benchmark: Corral against Hugging Face `generate()`, same model, prompts and dtype.
+
+    python bench/engine.py [--quick] [--threads N]
+
+    python bench/engine.py --only jump-forward      # one figure (repeatable)
+
+Prints, for each figure, ours, the peer's (or the reference run's) and the ratio:
+1. throughput (output tokens/s, greedy, fixed output length) at batch 1, 8 and 32 vs HF;
+2. constrained TPOT vs unconstrained TPOT at batch 8 (Glaiveai2K schemas);
+3. TTFT with a 1,000-token shared prefix: prefix-cache hit vs miss;
+4. forward passes per output token with jump-forward vs without, on the first 50 Glaiveai2K
+   schemas of the corpus that compile. Each request is a realistic chat request for JSON: a
+   system prompt asking for one JSON object matching the schema (given in full), and a user
+   message asking for the function's arguments; the same requests, greedy, in both runs, and
+   the outputs must be identical. A pass is counted once per sequence per model forward it
+   takes part in (prefill chunks included), over all output tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from corral.engine import Engine, EngineConfig, SamplingParams, load_model
+from corral.engine.assets import resolve_model_folder
+from corral.engine.config import available_cores
+from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
+THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run
+QUESTIONS = [
+    "Explain how a bicycle works.",
+    "Write a short poem about autumn leaves.",
+    "What are the main causes of inflation?",
+    "Describe the water cycle for a child.",
+    "Give three tips for learning a new language.",
+    "Why do cats purr?",
+    "Summarize the plot of Romeo and Juliet.",
+    "How do vaccines train the immune system?",
+]
+
+
+def chat(tok, text: str) -> list[int]:
+    enc = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
+
+
+def row(name: str, ours: float, peer: float, unit: str, peer_name: str) -> None:
+    ratio = ours / peer if peer else float("nan")
+    print(f"{name:<44} ours {ours:10.3f} {unit:<8} {peer_name} {peer:10.3f}  ratio {ratio:6.2f}")
+
+
+# ---- 1. throughput ----------------------------------------------------------------------------
+
+
+def corral_throughput(model, prompts, new_tokens: int) -> float:
+    eng = Engine(model, EngineConfig(max_num_seqs=64, max_batched_tokens=2048, **THREADS))
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    eng.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # warm up
+    eng = Engine(
+        model, EngineConfig(max_num_seqs=64, max_batched_tokens=2048, **THREADS)
+    )  # cold cache
+    t = time.perf_counter()
+    out = eng.generate(prompts, params)
+    dt = time.perf_counter() - t
+    eng.close()
+    return sum(len(c[0].token_ids) for c in out) / dt
+
+
+def hf_throughput(hf, tok, prompts, new_tokens: int) -> float:
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    kw = dict(
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=tok.pad_token_id,
+    )
+    with torch.inference_mode():
+        hf.generate(
+            input_ids=ids[:1],
+            attention_mask=mask[:1],
+            **{**kw, "max_new_tokens": 2, "min_new_tokens": 2},
+        )
+        t = time.perf_counter()
+        out = hf.generate(input_ids=ids, attention_mask=mask, **kw)
+        dt = time.perf_counter() - t
+    return (out.shape[1] - width) * len(prompts) / dt
+
+
+# ---- 2. constrained TPOT ----------------------------------------------------------------------
+
+
+def glaive_schemas(tokinfo, count: int) -> list[tuple[str, dict, object]]:
+    """(function name, schema, compiled) of the first `count` Glaiveai2K schemas that compile."""
+    out = []
+    for path in sorted(CORPUS.glob("Glaiveai2K---*.json")):
+        schema = json.loads(path.read_text())["schema"]
+        try:
+            compiled = compile_constraint(ConstraintSpec.json_schema(schema), tokinfo)
+        except ConstraintError:
+            continue
+        out.append((path.stem.split("---", 1)[1].rsplit("_", 1)[0], schema, compiled))
+        if len(out) == count:
+            break
+    return out
+
+
+def json_request(tok, name: str, schema: dict) -> list[int]:
+    """A chat request for JSON, as an application would send it."""
+    system = (
+        "You are a helpful assistant that answers with JSON only. Reply with a single JSON "
+        "object that conforms to this JSON Schema, and nothing else:\n" + json.dumps(schema)
+    )
+    user = f"I need the arguments for a call to `{name}`. Fill them in with realistic values."
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True)
+    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
+
+
+def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> float:
+    """Mean time per output token after the first, over the batch's sequences."""
+    eng = Engine(model, EngineConfig(jump_forward=jump_forward, **THREADS))
+    rids = [eng.add_request(p, params, c) for p, c in zip(prompts, constraints, strict=True)]
+    first, last, count = {}, {}, dict.fromkeys(rids, 0)
+    while eng.has_unfinished():
+        outs = eng.step()
+        now = time.perf_counter()
+        for o in outs:
+            if o.token_ids:
+                first.setdefault(o.request_id, now)
+                last[o.request_id] = now
+                count[o.request_id] += len(o.token_ids)
+    eng.close()
+    per = [(last[r] - first[r]) / (count[r] - 1) for r in rids if count[r] > 1]
+    return sum(per) / len(per)
+
+
+# ---- 3. TTFT hit vs miss ----------------------------------------------------------------------
+
+
+def ttft(eng: Engine, prompt: list[int]) -> float:
+    t = time.perf_counter()
+    eng.add_request(prompt, SamplingParams(max_tokens=1, temperature=0))
+    while eng.has_unfinished():
+        if any(o.token_ids for o in eng.step()):
+            break
+    dt = time.perf_counter() - t
+    eng.run_until_done()
+    return dt
+
+
+def shared_prefix(tok, n: int) -> list[int]:
+    words = " ".join(f"Record {i}: the {QUESTIONS[i % 8].lower()}" for i in range(400))
+    return tok.encode(words, add_special_tokens=False)[:n]
+
+
+# ---- 4. forward passes per output token -------------------------------------------------------
+
+
+def passes_per_token(model, prompts, constraints, max_tokens: int, jump_forward: bool):
+    """(stats, token ids per request) of one greedy run over all requests at once."""
+    eng = Engine(model, EngineConfig(jump_forward=jump_forward, max_num_seqs=64, **THREADS))
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    out = eng.generate(prompts, params, constraints)
+    eng.close()
+    return eng.stats(), [c[0].token_ids for c in out]
+
+
+def jump_forward_figures(model, tok, schemas, max_tokens: int) -> None:
+    prompts = [json_request(tok, name, schema) for name, schema, _ in schemas]
+    constraints = [c for _, _, c in schemas]
+    on, ids_on = passes_per_token(model, prompts, constraints, max_tokens, True)
+    off, ids_off = passes_per_token(model, prompts, constraints, max_tokens, False)
+    same = sum(a == b for a, b in zip(ids_on, ids_off, strict=True))
+    row(
+        f"forward passes / output token ({len(schemas)} schemas)",
+        on["forward_passes_per_output_token"],
+        off["forward_passes_per_output_token"],
+        "",
+        "no JF",
+    )
+    print(
+        f"  {on['output_tokens']} output tokens, {on['seq_forward_passes']} vs "
+        f"{off['seq_forward_passes']} passes; draft acceptance {on['draft_acceptance_rate']:.3f} "
+        f"({on['draft_accepted']}/{on['draft_tokens']}), {on['forced_tokens']} forced tokens; "
+        f"identical outputs {same}/{len(schemas)}"
+    )
+
+
+PARTS = ("throughput", "tpot", "ttft", "jump-forward")
+
+
+def throughput_figures(model, tok, new_tokens: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_folder(None)), dtype=torch.float32)
+    hf.eval()
+    prompts = [chat(tok, QUESTIONS[i % len(QUESTIONS)] + f" (#{i})") for i in range(32)]
+    for b in (1, 8, 32):
+        ours = corral_throughput(model, prompts[:b], new_tokens)
+        theirs = hf_throughput(hf, tok, prompts[:b], new_tokens)
+        row(f"throughput batch {b} (tok/s)", ours, theirs, "tok/s", "HF")
+
+
+def tpot_figures(model, tok, tokinfo, new_tokens: int) -> None:
+    eight = glaive_schemas(tokinfo, 8)
+    prompts = [json_request(tok, name, schema) for name, schema, _ in eight]
+    constraints = [c for *_, c in eight]
+    params = SamplingParams(max_tokens=new_tokens * 2, temperature=0)
+    free_params = SamplingParams(max_tokens=new_tokens * 2, temperature=0, ignore_eos=True)
+    free = tpot(model, prompts, free_params, [None] * 8)
+    cons = tpot(model, prompts, params, constraints, jump_forward=False)
+    cons_jf = tpot(model, prompts, params, constraints, jump_forward=True)
+    row("TPOT batch 8, constrained, no JF (ms)", cons * 1e3, free * 1e3, "ms", "unconstr.")
+    row("TPOT batch 8, constrained + JF (ms)", cons_jf * 1e3, free * 1e3, "ms", "unconstr.")
+
+
+def ttft_figures(model, tok) -> None:
+    prefix = shared_prefix(tok, 1000)
+    eng = Engine(model, EngineConfig(max_batched_tokens=2048, **THREADS))
+    ttft(eng, chat(tok, "warm up"))
+    miss = ttft(eng, prefix + chat(tok, QUESTIONS[0]))
+    hit = ttft(eng, prefix + chat(tok, QUESTIONS[1]))
+    eng.close()
+    row("TTFT, 1000-token shared prefix (s)", hit, miss, "s", "miss")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens per request")
+    ap.add_argument(
+        "--threads", type=int, default=available_cores(), help="torch threads (both runs)"
+    )
+    ap.add_argument(
+        "--only", choices=PARTS, action="append", help="run only these figures (repeatable)"
+    )
+    args = ap.parse_args()
+    parts = set(args.only or PARTS)
+    torch.set_num_threads(args.threads)
+    THREADS["num_threads"] = args.threads
+    new_tokens = 16 if args.quick else 32
+    model = load_model()
+    tok = model.tokenizer
+    print(
+        f"model {model.name}, float32, CPU, {args.threads} torch threads, {new_tokens} new tokens"
+    )
+    if "throughput" in parts:
+        throughput_figures(model, tok, new_tokens)
+    tokinfo = TokenizerInfo.from_hf(
+        tok, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
+    )
+    if not CORPUS.exists():
+        print(f"{CORPUS} is absent: skipping the constrained figures")
+    elif "tpot" in parts:
+        tpot_figures(model, tok, tokinfo, new_tokens)
+    if "ttft" in parts:
+        ttft_figures(model, tok)
+    if CORPUS.exists() and "jump-forward" in parts:
+        jump_forward_figures(model, tok, glaive_schemas(tokinfo, 50), 64 if args.quick else 128)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

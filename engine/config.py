@@ -1,0 +1,80 @@
+"""EngineConfig: every knob of the engine loop, frozen and validated where it is built."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling, memory and sampling-loop settings of one `Engine`.
+
+    - `kv_cache_bytes`: memory for the KV pool (K and V of every layer); fixes how many tokens
+      can be held at once across running requests and the prefix cache.
+    - `max_num_seqs`: most sequences decoding in one step.
+    - `max_batched_tokens`: the token budget of one step (decodes + prefill chunks + drafts);
+      a long prompt is prefilled in chunks of what is left, so decodes never stall behind it.
+    - `max_model_len`: prompt + max_tokens limit; None means the model's own context length.
+    - `prefix_cache`: reuse the KV of prefixes seen before (radix tree).
+    - `jump_forward`: append the grammar's forced continuation as a draft in one extend step.
+    - `max_draft_tokens`: longest jump-forward draft per step.
+    - `num_threads`: torch intra-op threads; None (the default) resolves to the cores this
+      process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
+    - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
+      this many requests (the match costs a tree walk each); beyond it, first come first served.
+    """
+
+    kv_cache_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 512
+    max_model_len: int | None = None
+    prefix_cache: bool = True
+    jump_forward: bool = True
+    max_draft_tokens: int = 16
+    num_threads: int | None = None
+    lpm_queue_limit: int = 128
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("kv_cache_bytes", self.kv_cache_bytes, 1),
+            ("max_num_seqs", self.max_num_seqs, 1),
+            ("max_batched_tokens", self.max_batched_tokens, 2),
+            ("max_draft_tokens", self.max_draft_tokens, 0),
+            ("lpm_queue_limit", self.lpm_queue_limit, 0),
+        )
+        for name, value, low in checks:
+            if value < low:
+                raise ValueError(f"EngineConfig.{name} must be >= {low}, got {value}")
+        if self.max_num_seqs > self.max_batched_tokens:
+            raise ValueError(
+                f"EngineConfig.max_num_seqs ({self.max_num_seqs}) must not exceed "
+                f"max_batched_tokens ({self.max_batched_tokens}): every decode needs one token"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_threads is None:
+            object.__setattr__(self, "num_threads", available_cores())
+        elif self.num_threads < 1:
+            raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")
+
+    @property
+    def threads(self) -> int:
+        """Torch intra-op threads to use (`num_threads`, resolved)."""
+        return int(self.num_threads)
+
+
+def available_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota visible: the affinity is the limit
+    return max(1, cores)

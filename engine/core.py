@@ -1,0 +1,185 @@
+"""Plain types shared by the engine loop: requests, sampling parameters, outputs.
+
+A request with `n` choices becomes `n` `Sequence`s; a sequence is the unit the scheduler runs.
+Fields the engine fills later are `field(init=False)`. Sequences are identity-hashed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestError(ValueError):
+    """A client mistake in a request (bad parameter, too long): the API maps it to HTTP 400."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request (OpenAI semantics).
+
+    temperature 0 is greedy. `top_k` <= 0, `top_p` = 1 and `min_p` = 0 are off. `seed` fixes the
+    random draws: a seeded request produces the same tokens whatever it is batched with. `stop`
+    strings are not part of the returned text. `logprobs` returns the sampled token's log
+    probability, `top_logprobs` that many alternatives (both under the masked distribution at
+    temperature 1, after penalties).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        problems = [
+            (self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.temperature < 0, f"temperature must be >= 0, got {self.temperature}"),
+            (not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (not 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (not -2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (not -2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (not 0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
+            (self.n < 1, f"n must be >= 1, got {self.n}"),
+            (any(not s for s in self.stop), "stop strings must be non-empty"),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise RequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log probability of one output token and, if asked, the `top` alternatives (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Output:
+    """An incremental result for one choice: what is new since the previous `Output`."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+@dataclass
+class Completion:
+    """Everything one choice produced, accumulated from its `Output`s (for tests and benches)."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int = 0
+
+    def add(self, out: Output) -> None:
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        if out.logprobs:
+            self.logprobs.extend(out.logprobs)
+        self.finish_reason = out.finish_reason
+        self.num_cached_tokens = out.num_cached_tokens
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One choice of one request, as the scheduler and the engine track it.
+
+    KV invariant: `kv` holds the pool slots of tokens `[0, num_computed)` of `prompt + output`;
+    the first `prefix_len` of them belong to the radix tree (pinned by the lock on `node`), the
+    rest belong to this sequence. The last sampled output token never has KV yet: it is the next
+    input, together with the `num_forced` tokens the grammar forced after it (jump-forward).
+    """
+
+    request_id: str
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    matcher: Any = None  # corral.grammar.Matcher when constrained
+    leader: Sequence | None = None  # n > 1: siblings wait until the leader's prompt is cached
+    output_ids: list[int] = field(default_factory=list, init=False)
+    status: SeqStatus = field(default=SeqStatus.WAITING, init=False)
+    finish_reason: FinishReason | None = field(default=None, init=False)
+    kv: Any = field(default=None, init=False)  # int64 tensor of slots, owned by cache manager
+    node: Any = field(default=None, init=False)  # locked radix node
+    prefix_len: int = field(default=0, init=False)
+    num_computed: int = field(default=0, init=False)
+    num_cached_tokens: int = field(default=0, init=False)
+    admitted_at: int = field(default=-1, init=False)  # admission counter: newest is preempted
+    draft: list[int] = field(default_factory=list, init=False)  # jump-forward tokens to verify
+    draft_hint: Any = field(default=None, init=False)  # jump_forward.Boundary of the draft
+    num_forced: int = field(default=0, init=False)  # output tokens appended without a pass
+    forward_passes: int = field(default=0, init=False)
+    detok: Any = field(default=None, init=False)  # detokenize.Detokenizer
+    pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    @property
+    def prefilling(self) -> bool:
+        """Tokens before the last sampled one lack KV (a prompt, or a resumed preempted
+        sequence); forced tokens appended since the last pass do not count."""
+        return self.num_tokens - self.num_computed > 1 + self.num_forced
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids `[start, end)` of prompt + output, without building the whole list."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids

@@ -1,0 +1,205 @@
+"""The Llama-architecture decoder in plain torch, over a flat ragged batch.
+
+All `T` new tokens of all sequences go through every matmul together (one `[T, hidden]` activation
+per layer); attention sees the ragged batch through an `AttentionBackend`. Q/K/V and gate/up
+projections are fused into one weight each at load time, so a layer costs four matmuls.
+Numerics follow the Hugging Face Llama implementation (RMSNorm in float32, rotate-half RoPE) so the
+logits can be compared against it.
+
+On a CPU a decode step is a few hundred small ops, so each op counts: one RoPE over Q and K
+together, RMSNorm as one fused op, and float32 matmuls through oneDNN (see `linear_fn`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from corral.engine.attention import AttentionBackend, AttentionMetadata
+from corral.engine.kv_pool import KVPool
+from corral.engine.model_config import ModelConfig, RopeConfig
+
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis, one fused op (accumulates in float32 for bfloat16 inputs)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+@functools.cache
+def _onednn_linear_works() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w = torch.ones(2, 3), torch.ones(4, 3)
+        return bool(torch.equal(_onednn_linear(x, w, None), F.linear(x, w)))
+    except (RuntimeError, AttributeError):  # a torch build without the op
+        return False
+
+
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def linear_fn(dtype: torch.dtype, device: torch.device) -> Linear:
+    """The matmul for `x @ w.T + b`: oneDNN for float32 on the CPU, else `F.linear`.
+
+    For float32, `F.linear` on the CPU calls MKL, whose GEMM with few rows (decode) is 10-20%
+    slower than oneDNN's; bfloat16 `F.linear` already goes through oneDNN. Both accumulate in
+    float32, so only the summation order differs.
+    """
+    if device.type == "cpu" and dtype == torch.float32 and _onednn_linear_works():
+        return _onednn_linear
+    return F.linear
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies `[head_dim // 2]` (float32), with linear or llama3 scaling applied."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3_scaled(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between
+    # interpolated smoothly.
+    old_len = rope.original_max_position_embeddings
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (
+        rope.high_freq_factor - rope.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and *signed* sin tables `[T, 1, head_dim]` for the given positions (float32 math).
+
+    The sin table's first half is negated, which folds rotate-half's negation into the table
+    (see `apply_rope`).
+    """
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = freqs.cos(), freqs.sin()
+    return (
+        torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
+        torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],
+    )
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on `[T, heads, head_dim]` with tables from `rope_cos_sin`.
+
+    `rotate_half(x) * sin == roll(x, half) * signed_sin`: the roll swaps the halves, the table
+    carries the sign. Three ops instead of five.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Weights are set by the loader."""
+
+    def __init__(self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        c = config
+        self.index = index
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.eps = c.rms_norm_eps
+
+        def p(*shape: int, present: bool = True) -> nn.Parameter | None:
+            if not present:
+                return None
+            return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.input_norm = p(c.hidden_size)
+        self.qkv_weight = p(self.q_size + 2 * self.kv_size, c.hidden_size)
+        self.qkv_bias = p(self.q_size + 2 * self.kv_size, present=c.qkv_bias)
+        self.o_weight = p(c.hidden_size, self.q_size)
+        self.o_bias = p(c.hidden_size, present=c.o_bias)
+        self.post_norm = p(c.hidden_size)
+        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size)
+        self.gate_up_bias = p(2 * c.intermediate_size, present=c.mlp_bias)
+        self.down_weight = p(c.hidden_size, c.intermediate_size)
+        self.down_bias = p(c.hidden_size, present=c.mlp_bias)
+        self.linear: Linear = linear_fn(dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        pool: KVPool,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t, qk_size, linear = x.shape[0], self.q_size + self.kv_size, self.linear
+        qkv = linear(rms_norm(x, self.input_norm, self.eps), self.qkv_weight, self.qkv_bias)
+        # Q and K are adjacent columns: rotate them as one [T, heads + kv_heads, head_dim] view.
+        qk = apply_rope(qkv[:, :qk_size].view(t, -1, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
+        o = attn.forward(q, k, v, self.index, pool, meta)
+        x = x + linear(o, self.o_weight, self.o_bias)
+        h = linear(rms_norm(x, self.post_norm, self.eps), self.gate_up_weight, self.gate_up_bias)
+        gate, up = h.chunk(2, dim=-1)
+        return x + linear(F.silu(gate).mul_(up), self.down_weight, self.down_bias)
+
+
+class DecoderModel(nn.Module):
+    """Embedding, `num_layers` decoder layers, final norm and LM head (tied or not)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        device = torch.device(device)
+        c = config
+        self.config = c
+        self.embed = nn.Parameter(
+            torch.empty(c.vocab_size, c.hidden_size, dtype=dtype, device=device),
+            requires_grad=False,
+        )
+        self.layers = nn.ModuleList(DecoderLayer(c, i, dtype, device) for i in range(c.num_layers))
+        self.norm = nn.Parameter(torch.empty(c.hidden_size, dtype=dtype, device=device), False)
+        # Tied models share the embedding tensor; `lm_head` is then just another name for it.
+        self.lm_head = (
+            self.embed
+            if c.tie_word_embeddings
+            else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
+        )
+        self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.head_dim).to(device), False)
+        self.linear: Linear = linear_fn(dtype, device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        logits_index: torch.Tensor,
+        attn: AttentionBackend,
+        pool: KVPool,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Logits (float32) `[len(logits_index), vocab_size]` for the selected rows only."""
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn, pool, meta)
+        # The final norm and the LM head (the biggest matmul for small models) only on the rows
+        # whose logits are wanted.
+        h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps)
+        return self.linear(h, self.lm_head, None).float()

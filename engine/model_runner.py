@@ -1,0 +1,149 @@
+"""Runs the model on one ragged batch; the scheduler's only door into torch.
+
+The scheduler describes a step as a `ForwardBatch` (which new tokens, at which positions, stored in
+which KV slots, attending over which slots) and gets back logits for the rows it asked for. The
+runner makes no policy decisions: it does not allocate slots, choose sequences or sample.
+
+A GPU path (Triton paged attention, CUDA graphs captured per decode batch size) plugs in behind
+`ModelRunner.forward` by swapping the `AttentionBackend` and wrapping `_run`; `ForwardBatch` stays.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from corral.engine.attention import AttentionBackend, TorchAttention
+from corral.engine.kv_pool import KVPool
+from corral.engine.model import DecoderModel
+from corral.engine.model_config import ModelConfig
+
+
+@dataclass
+class ForwardBatch:
+    """One forward step over several sequences, flattened.
+
+    Invariants: `len(input_ids) == len(positions) == len(out_slots) == sum(extend_lens)`; the new
+    tokens of sequence `s` are rows `sum(extend_lens[:s]) : sum(extend_lens[:s+1])`, and they are
+    the last `extend_lens[s]` entries of `seq_kv_indices[s]` (whose earlier entries are the
+    sequence's cached prefix, in position order).
+    """
+
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    out_slots: torch.Tensor  # int64 [T]
+    seq_kv_indices: list[torch.Tensor]
+    extend_lens: list[int]
+    logits_index: torch.Tensor  # int64 [R]
+
+    @classmethod
+    def from_sequences(
+        cls,
+        new_token_ids: Sequence[Sequence[int]],
+        seq_kv_indices: Sequence[torch.Tensor],
+        logits_index: torch.Tensor | None = None,
+    ) -> ForwardBatch:
+        """Build a batch where sequence `s` extends its cached prefix by `new_token_ids[s]`.
+
+        Positions continue from the prefix length; `logits_index` defaults to the last new token
+        of every sequence.
+        """
+        if len(new_token_ids) != len(seq_kv_indices):
+            raise ValueError("one list of new token ids per sequence is required")
+        # Plain Python lists, one tensor each at the end: a decode step of 32 sequences would
+        # otherwise cost a few hundred tiny tensor ops.
+        ids, pos, slot_parts, lens = [], [], [], []
+        for toks, kv in zip(new_token_ids, seq_kv_indices, strict=True):
+            n, total = len(toks), int(kv.numel())
+            if not 0 < n <= total:
+                raise ValueError(f"sequence extends by {n} tokens but has {total} KV slots")
+            ids.extend(toks)
+            pos.extend(range(total - n, total))
+            slot_parts.append(kv[total - n :])
+            lens.append(n)
+        ends = list(itertools.accumulate(lens))
+        return cls(
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(pos, dtype=torch.int64),
+            out_slots=torch.cat(slot_parts).to(torch.int64),
+            seq_kv_indices=[kv.to(torch.int64) for kv in seq_kv_indices],
+            extend_lens=lens,
+            logits_index=(
+                torch.tensor(ends, dtype=torch.int64) - 1 if logits_index is None else logits_index
+            ),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+class ModelRunner:
+    """Owns the model and its attention backend; turns a `ForwardBatch` into logits."""
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        attention: AttentionBackend | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.config: ModelConfig = model.config
+        c = self.config
+        self.attention = attention or TorchAttention(
+            c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale
+        )
+        self.dtype = model.embed.dtype
+        self.device = model.embed.device
+
+    def make_kv_pool(self, num_slots: int) -> KVPool:
+        """A pool shaped for this model (layers, KV heads, head dim, dtype, device)."""
+        c = self.config
+        return KVPool(c.num_layers, c.num_kv_heads, c.head_dim, num_slots, self.dtype, self.device)
+
+    def kv_pool_from_budget(self, budget_bytes: int) -> KVPool:
+        """The largest pool for this model that fits in `budget_bytes`."""
+        c = self.config
+        return KVPool.from_budget(
+            budget_bytes, c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device
+        )
+
+    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        """Store the new tokens' K/V in `pool` and return float32 logits
+        `[len(batch.logits_index), vocab_size]`."""
+        self._check(batch, pool)
+        with torch.inference_mode():
+            return self._run(batch, pool)
+
+    def _run(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+        dev = self.device
+        out_slots = batch.out_slots.to(dev, non_blocking=True)
+        meta = self.attention.prepare(
+            out_slots, batch.seq_kv_indices, batch.extend_lens, dev, self.dtype
+        )
+        return self.model(
+            batch.input_ids.to(dev, non_blocking=True),
+            batch.positions.to(dev, non_blocking=True),
+            batch.logits_index.to(dev, non_blocking=True),
+            self.attention,
+            pool,
+            meta,
+        )
+
+    def _check(self, batch: ForwardBatch, pool: KVPool) -> None:
+        t = batch.num_tokens
+        if not (batch.positions.numel() == batch.out_slots.numel() == t == sum(batch.extend_lens)):
+            raise ValueError(
+                f"ForwardBatch is inconsistent: {t} input_ids, {batch.positions.numel()} "
+                f"positions, {batch.out_slots.numel()} out_slots, sum(extend_lens)="
+                f"{sum(batch.extend_lens)}"
+            )
+        if len(batch.seq_kv_indices) != len(batch.extend_lens):
+            raise ValueError("ForwardBatch needs one seq_kv_indices entry per extend_lens entry")
+        if pool.dtype != self.dtype or len(pool.k_buffers) != self.config.num_layers:
+            raise ValueError(
+                f"KV pool ({pool.dtype}, {len(pool.k_buffers)} layers) does not match the model "
+                f"({self.dtype}, {self.config.num_layers} layers); build it with make_kv_pool()"
+            )

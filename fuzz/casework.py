@@ -1,0 +1,270 @@
+"""Fuzzing one schema against in-process targets: compile, walk, check, shrink.
+
+The steps, for one case: the judge labels the corpus instances and instances drawn from the
+schema; each target compiles the schema and takes random walks through its masks (an output the
+judge rejects is unsound); every valid output of any target joins the valid instances, and
+one-edit mutations of valid instances that the judge rejects make the invalid ones; then every
+target checks every instance token by token. ``stage(name)`` is called before each step that runs
+engine code, so a supervisor can tell which target a crash or hang belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from corral.fuzz import case as K
+from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
+from corral.fuzz.judge import Judge, Unjudgeable, dumps, parse_output, schema_keywords
+from corral.fuzz.keyorder import schema_order
+from corral.fuzz.mutate import mutations
+from corral.fuzz.probe import Check, TokenView, check_tokens, random_walk
+from corral.fuzz.shrinkwork import shrink_failure
+from corral.fuzz.targets import Refused, Target
+
+
+@dataclass(frozen=True)
+class CaseConfig:
+    """Per-schema effort and thresholds (the CLI fills it from its flags)."""
+
+    walks: int = 8
+    max_walk_tokens: int = 200
+    draws: int = 8
+    mutations: int = 16
+    max_instances: int = 40  # valid and invalid each, per target
+    max_text_chars: int = 2000
+    shrink: bool = True
+    shrink_seconds: float = 6.0
+    slow_compile_s: float = 2.0
+    slow_mask_s: float = 0.05
+
+
+def run_case(
+    case: Case,
+    targets: list[Target],
+    view: TokenView,
+    cfg: CaseConfig,
+    stage: Callable[[str], None] = lambda s: None,
+    skip_draws: bool = False,
+) -> CaseResult:
+    result = CaseResult(case.id, case.source)
+    try:
+        judge = Judge(case.schema)
+    except Unjudgeable as e:
+        result.judged, result.note = False, str(e)[:300]
+        return result
+    result.keywords = tuple(sorted(schema_keywords(case.schema)))
+    rng = random.Random(case.seed)
+    stage("draw")
+    valid, invalid = _label(judge, [d for d, _ in case.tests])
+    if cfg.draws and not skip_draws:
+        v, i = _label(judge, _draw(case.schema, cfg.draws, case.seed))
+        valid, invalid = valid + v, invalid + i
+    compiled: dict[str, tuple[Target, Any]] = {}
+    for t in targets:
+        out = result.outcomes[t.name] = TargetOutcome(t.name)
+        handle = _compile(t, case, out, stage)
+        if handle is not None:
+            compiled[t.name] = (t, handle)
+            stage(f"walk:{t.name}")
+            valid += _walks(t, handle, case, judge, view, cfg, out)
+    valid = _texts(_dedup(valid), rng, cfg)
+    muts = _mutants(judge, valid, rng, cfg.mutations)
+    invalid = _texts(_dedup(invalid + muts), rng, cfg)
+    result.n_valid, result.n_invalid = len(valid), len(invalid)
+    encoded = {s: view.encode(s) for s in valid + invalid}
+    for name, (t, handle) in compiled.items():
+        stage(f"check:{name}")
+        _check(t, handle, case, judge, view, valid, invalid, encoded, result.outcomes[name])
+        _outliers(case, cfg, result.outcomes[name])
+        if cfg.shrink:
+            stage(f"shrink:{name}")
+            todo = [f for f in result.outcomes[name].failures if f.shrinkable]
+            for f in todo:  # the shrink budget is per target and case, shared by its findings
+                shrink_failure(f, t, view, cfg.shrink_seconds / len(todo), handle)
+    for out in result.outcomes.values():
+        for f in out.failures:
+            f.keywords = f.keywords or tuple(sorted(schema_keywords(f.schema)))
+    return result
+
+
+def _compile(t: Target, case: Case, out: TargetOutcome, stage: Callable[[str], None]) -> Any:
+    stage(f"compile:{t.name}")
+    t0 = time.perf_counter()
+    try:
+        handle = t.compile(case.schema)
+    except Refused as e:
+        out.status, out.reason = "refused", str(e)[:300]
+        return None
+    except Exception as e:  # anything but a refusal is an engine bug
+        out.status, out.reason = "error", f"{type(e).__name__}: {e}"[:300]
+        _add(out, Failure(t.name, K.ERROR, case.id, case.schema, None, out.reason))
+        return None
+    out.compile_s = time.perf_counter() - t0
+    return handle
+
+
+def _walks(
+    t: Target,
+    handle: Any,
+    case: Case,
+    judge: Judge,
+    view: TokenView,
+    cfg: CaseConfig,
+    out: TargetOutcome,
+) -> list[Any]:
+    """Random walks; returns the valid outputs, records unsound ones and engine faults."""
+    good = []
+    for i in range(cfg.walks):
+        w = random_walk(
+            t.matcher(handle),
+            view,
+            random.Random(case.seed * 7919 + i),
+            cfg.max_walk_tokens,
+            out.mask,
+        )
+        out.walks[w.outcome] = out.walks.get(w.outcome, 0) + 1
+        text = w.text.decode("utf-8", errors="replace")
+        if w.outcome in ("mismatch", "beyond-vocab"):
+            _add(out, Failure(t.name, K.MISMATCH, case.id, case.schema, text, w.detail))
+        elif w.outcome == "dead-end":
+            detail = f"no token allowed after {w.tokens} tokens, and EOS not allowed either"
+            _add(out, Failure(t.name, K.DEAD_END, case.id, case.schema, text, detail))
+        elif w.outcome in ("eos", "terminated"):
+            value, problem = parse_output(w.text)
+            try:
+                problem = problem or judge.error(value)
+            except Unjudgeable:
+                continue
+            if problem:
+                out.walks["invalid"] = out.walks.get("invalid", 0) + 1
+                detail = f"a random walk produced an invalid instance: {problem}"
+                f = Failure(t.name, K.UNSOUND, case.id, case.schema, text, detail)
+                if problem.startswith("not UTF-8"):  # show the bad bytes; they cannot be replayed
+                    f.text = w.text.decode("utf-8", errors="backslashreplace")
+                    f.shrinkable = False
+                _add(out, f)
+            else:
+                good.append(value)
+    return good
+
+
+def _check(
+    t: Target,
+    handle: Any,
+    case: Case,
+    judge: Judge,
+    view: TokenView,
+    valid: list[str],
+    invalid: list[str],
+    encoded: dict[str, list[int]],
+    out: TargetOutcome,
+) -> None:
+    def accepts(text: str) -> Check:
+        if text not in encoded:
+            encoded[text] = view.encode(text)
+        return check_tokens(t.matcher(handle), view, encoded[text], out.mask)
+
+    for text in valid:
+        out.valid_checked += 1
+        ordered = _in_schema_order(case.schema, text)
+        c = accepts(ordered)
+        if not c.accepted:
+            out.valid_rejected += 1
+            detail = f"a valid instance was refused: {c.detail}"
+            _add(out, Failure(t.name, K.INCOMPLETE, case.id, case.schema, ordered, detail))
+        elif ordered != text and not (c := accepts(text)).accepted:
+            detail = f"a valid instance was refused unless its keys are in schema order: {c.detail}"
+            f = Failure(t.name, K.KEY_ORDER, case.id, case.schema, text, detail)
+            f.shrinkable = False
+            _add(out, f)
+    for text in invalid:
+        out.invalid_checked += 1
+        ordered = _in_schema_order(case.schema, text)
+        hit = ordered if accepts(ordered).accepted else None
+        if hit is None and ordered != text and accepts(text).accepted:
+            hit = text
+        if hit is not None:
+            out.invalid_accepted += 1
+            detail = f"an invalid instance was accepted: {judge.error(json.loads(hit))}"
+            _add(out, Failure(t.name, K.UNSOUND, case.id, case.schema, hit, detail))
+
+
+def _in_schema_order(schema: Any, text: str) -> str:
+    try:
+        return dumps(schema_order(schema, json.loads(text)))
+    except (ValueError, RecursionError):
+        return text
+
+
+def _outliers(case: Case, cfg: CaseConfig, out: TargetOutcome) -> None:
+    if out.compile_s > cfg.slow_compile_s:
+        detail = f"compile took {out.compile_s:.2f} s (threshold {cfg.slow_compile_s} s)"
+        _add(out, Failure(out.target, K.SLOW_COMPILE, case.id, case.schema, None, detail))
+    if out.mask.max > cfg.slow_mask_s:
+        detail = f"a mask took {out.mask.max * 1e3:.1f} ms (threshold {cfg.slow_mask_s * 1e3} ms)"
+        _add(out, Failure(out.target, K.SLOW_MASK, case.id, case.schema, None, detail))
+
+
+def _add(out: TargetOutcome, f: Failure) -> None:
+    """Keep the first failure of each kind per target and case (counts are kept elsewhere)."""
+    if f.kind not in out.kinds():
+        f.original_schema, f.original_text = f.schema, f.text
+        out.failures.append(f)
+
+
+def _label(judge: Judge, instances: list[Any]) -> tuple[list[Any], list[Any]]:
+    valid, invalid = [], []
+    for x in instances:
+        try:
+            (valid if judge.is_valid(x) else invalid).append(x)
+        except Unjudgeable:
+            continue
+    return valid, invalid
+
+
+def _draw(schema: Any, n: int, seed: int) -> list[Any]:
+    """Instances drawn by hypothesis-jsonschema; [] for schemas it cannot handle."""
+    from hypothesis_jsonschema import from_schema
+
+    from corral.fuzz.strategies import draw_examples
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return draw_examples(from_schema(schema), n, seed)
+    except Exception:  # unsupported keywords, unsatisfiable schemas, recursive refs, ...
+        return []
+
+
+def _dedup(values: list[Any]) -> list[str]:
+    texts: dict[str, None] = {}
+    for v in values:
+        try:
+            texts[dumps(v)] = None
+        except (ValueError, TypeError):  # a non-finite float has no JSON text
+            continue
+    return list(texts)
+
+
+def _mutants(judge: Judge, valid: list[str], rng: random.Random, total: int) -> list[Any]:
+    """About ``total`` invalid one-edit mutants, spread over the valid instances."""
+    out: list[Any] = []
+    per = max(1, -(-total // max(1, len(valid))))
+    for v in valid:
+        if len(out) >= total:
+            break
+        out += mutations(judge, json.loads(v), rng, per)
+    return out
+
+
+def _texts(texts: list[str], rng: random.Random, cfg: CaseConfig) -> list[str]:
+    texts = [t for t in texts if len(t) <= cfg.max_text_chars]
+    if len(texts) > cfg.max_instances:
+        texts = rng.sample(texts, cfg.max_instances)
+    return texts

@@ -1,0 +1,193 @@
+"""A URL target: any OpenAI-compatible server, fuzzed through ``response_format: json_schema``.
+
+Only what a client can see is checked: every completed output must be valid JSON that the judge
+accepts (soundness); a 4xx answer is the server refusing the schema; a 5xx or a broken connection
+is an error; no answer within the timeout is a hang. Outputs cut off by ``max_tokens`` are not
+judged. Requests run on a private event loop with a concurrency cap and an optional rate limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from corral.fuzz import case as K
+from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
+from corral.fuzz.judge import Judge, Unjudgeable, parse_output, schema_keywords
+
+PROMPT_SCHEMA_CHARS = 2000  # the constraint does the work; a long prompt only slows the model
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    model: str | None = None  # None: the first model the server lists
+    api_key: str | None = None
+    concurrency: int = 4
+    rate: float = 0.0  # requests per second; 0 means no limit
+    samples: int = 2  # completions per schema
+    max_tokens: int = 256
+    temperature: float = 1.0
+    timeout_s: float = 120.0
+
+
+class EndpointError(RuntimeError):
+    """The endpoint cannot be used at all (unreachable, or it lists no model)."""
+
+
+class _RateLimiter:
+    def __init__(self, rate: float) -> None:
+        self._interval = 1.0 / rate if rate > 0 else 0.0
+        self._next = 0.0
+        self._lock = asyncio.Lock()
+
+    async def wait(self) -> None:
+        if not self._interval:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            if self._next > now:
+                await asyncio.sleep(self._next - now)
+            self._next = max(now, self._next) + self._interval
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class HttpTarget:
+    """Call :meth:`start` once, then :meth:`submit` cases from any thread, :meth:`close` last."""
+
+    def __init__(self, url: str, cfg: HttpConfig) -> None:
+        self.name = url
+        self.base = api_base(url)
+        self.cfg = cfg
+        self.model = cfg.model
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._client: httpx.AsyncClient | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._prepare(), self._loop).result()
+
+    async def _prepare(self) -> None:
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        self._client = httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=headers)
+        self._sem = asyncio.Semaphore(max(1, self.cfg.concurrency))
+        self._rate = _RateLimiter(self.cfg.rate)
+        if self.model:
+            return
+        try:
+            r = await self._client.get(f"{self.base}/models")
+            r.raise_for_status()
+            self.model = r.json()["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+            raise EndpointError(
+                f"cannot list models at {self.base}/models ({e}); "
+                f"is the server up? pass --model to skip this"
+            ) from e
+
+    def submit(self, case: Case) -> Future:
+        return asyncio.run_coroutine_threadsafe(self._run(case), self._loop)
+
+    def close(self) -> None:
+        if self._client is not None:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _run(self, case: Case) -> CaseResult:
+        result = CaseResult(case.id, case.source)
+        try:
+            judge = Judge(case.schema)
+        except Unjudgeable as e:
+            result.judged, result.note = False, str(e)[:300]
+            return result
+        result.keywords = tuple(sorted(schema_keywords(case.schema)))
+        out = result.outcomes[self.name] = TargetOutcome(self.name)
+        samples = await asyncio.gather(*(self._sample(case, i) for i in range(self.cfg.samples)))
+        times = [s for kind, _, s in samples if kind == "ok"]
+        out.compile_s = min(times, default=0.0)
+        for kind, payload, _ in samples:
+            out.walks[kind] = out.walks.get(kind, 0) + 1
+            if kind == "ok":
+                self._judge(case, judge, payload, out)
+            elif kind in (K.ERROR, K.HANG):
+                out.status = kind
+                _add(out, Failure(self.name, kind, case.id, case.schema, None, payload))
+        if out.status == "ok" and out.walks.get("refused") == self.cfg.samples:
+            out.status, out.reason = "refused", samples[0][1]
+        return result
+
+    def _judge(self, case: Case, judge: Judge, content: str, out: TargetOutcome) -> None:
+        value, problem = parse_output(content.encode())
+        try:
+            problem = problem or judge.error(value)
+        except Unjudgeable:
+            return
+        if problem:
+            out.walks["invalid"] = out.walks.get("invalid", 0) + 1
+            detail = f"the server returned an invalid instance: {problem}"
+            _add(out, Failure(self.name, K.UNSOUND, case.id, case.schema, content, detail))
+
+    async def _sample(self, case: Case, i: int) -> tuple[str, str, float]:
+        """One completion: ``(kind, content or reason, seconds)``.
+
+        ``kind`` is ok, length, refused, error or hang."""
+        body = {
+            "model": self.model,
+            "messages": _messages(case.schema),
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "fuzz", "schema": case.schema, "strict": True},
+            },
+            "temperature": self.cfg.temperature,
+            "max_tokens": self.cfg.max_tokens,
+            "seed": case.seed + i,
+        }
+        assert self._client is not None
+        async with self._sem:
+            await self._rate.wait()
+            t0 = time.monotonic()
+            try:
+                r = await self._client.post(f"{self.base}/chat/completions", json=body)
+            except httpx.TimeoutException:
+                return K.HANG, f"no answer within {self.cfg.timeout_s:.0f} s", 0.0
+            except httpx.HTTPError as e:
+                return K.ERROR, f"request failed: {type(e).__name__}: {e}", 0.0
+            dt = time.monotonic() - t0
+        if 400 <= r.status_code < 500:
+            return "refused", f"HTTP {r.status_code}: {r.text[:300]}", dt
+        if r.status_code != 200:
+            return K.ERROR, f"HTTP {r.status_code}: {r.text[:300]}", dt
+        try:
+            choice = r.json()["choices"][0]
+            content = choice["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError):
+            return K.ERROR, f"not an OpenAI chat completion: {r.text[:300]}", dt
+        if choice.get("finish_reason") == "length":
+            return "length", "", dt
+        return "ok", content, dt
+
+
+def _messages(schema: Any) -> list[dict[str, str]]:
+    text = json.dumps(schema, ensure_ascii=False)[:PROMPT_SCHEMA_CHARS]
+    return [
+        {"role": "system", "content": "You reply with one JSON value and nothing else."},
+        {"role": "user", "content": f"Write a JSON value that matches this JSON Schema:\n{text}"},
+    ]
+
+
+def _add(out: TargetOutcome, f: Failure) -> None:
+    if f.kind not in out.kinds():
+        f.original_schema, f.original_text = f.schema, f.text
+        f.keywords = tuple(sorted(schema_keywords(f.schema)))
+        out.failures.append(f)

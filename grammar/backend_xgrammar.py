@@ -1,0 +1,84 @@
+"""The xgrammar backend: precomputed token-mask caches, the fastest masks once compiled."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import threading
+from typing import Any
+
+import torch
+import xgrammar
+
+from corral.grammar.matcher import Matcher
+from corral.grammar.spec import JsonFormat
+from corral.grammar.tokenizer import TokenizerInfo
+
+NAME = "xgrammar"
+VERSION = importlib.metadata.version("xgrammar")
+
+_compilers: dict[str, Any] = {}
+_compilers_lock = threading.Lock()
+
+
+def compiler_for(tok: TokenizerInfo) -> Any:
+    """One GrammarCompiler per tokenizer; its own cache is off (Corral caches compiled forms)."""
+    with _compilers_lock:
+        c = _compilers.get(tok.fingerprint)
+        if c is None:
+            c = xgrammar.GrammarCompiler(tok.xgrammar, max_threads=1, cache_enabled=False)
+            _compilers[tok.fingerprint] = c
+        return c
+
+
+def compile_schema(schema: dict[str, Any] | bool, fmt: JsonFormat, tok: TokenizerInfo) -> Any:
+    return compiler_for(tok).compile_json_schema(
+        json.dumps(schema),
+        any_whitespace=fmt.flexible,
+        separators=(fmt.item_separator, fmt.key_separator),
+        strict_mode=True,
+        max_whitespace_cnt=fmt.max_whitespace if fmt.flexible else None,
+    )
+
+
+def compile_ebnf(grammar: str, tok: TokenizerInfo) -> Any:
+    return compiler_for(tok).compile_grammar(grammar)
+
+
+def serialize(compiled: Any) -> bytes:
+    return compiled.serialize_json().encode()
+
+
+def deserialize(data: bytes, tok: TokenizerInfo) -> Any:
+    return xgrammar.CompiledGrammar.deserialize_json(data.decode(), tok.xgrammar)
+
+
+class XGrammarMatcher(Matcher):
+    __slots__ = ("_m",)
+
+    def __init__(self, compiled: Any) -> None:
+        self._m = xgrammar.GrammarMatcher(compiled)
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
+        if self._m.is_terminated():  # nothing may follow; xgrammar raises here
+            bitmask[row] = 0
+            return True
+        return bool(self._m.fill_next_token_bitmask(bitmask, row))
+
+    def accept(self, token_id: int) -> bool:
+        return self._m.accept_token(token_id)
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self._m.rollback(n)
+
+    def forced_continuation(self) -> bytes:
+        if self._m.is_terminated():
+            return b""
+        return self._m.find_jump_forward_string().encode()
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+    def can_terminate(self) -> bool:
+        return self._m.is_completed()

@@ -1,0 +1,138 @@
+"""CompiledConstraint: the immutable, shareable, serialisable result of a compile."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.grammar import backend_llguidance as llg
+from corral.grammar import backend_xgrammar as xgr
+from corral.grammar.errors import Unenforced
+from corral.grammar.matcher import Matcher
+from corral.grammar.tokenizer import TokenizerInfo
+
+#: Bumped whenever the byte layout or the meaning of a stored payload changes.
+FORMAT_VERSION = 1
+_MAGIC = b"CORRALCC"
+_BACKEND_VERSIONS = {llg.NAME: llg.VERSION, xgr.NAME: xgr.VERSION}
+
+
+class CorruptEntry(ValueError):
+    """Stored bytes that are truncated, garbled, or from another format, backend or tokenizer."""
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledConstraint:
+    """A compiled constraint for one tokenizer. Immutable; share it across requests.
+
+    ``payload`` is what the backend needs to rebuild the compiled form: llguidance's grammar
+    text (its compile is near-instant) or xgrammar's serialised compiled grammar. ``native`` is
+    the rebuilt form itself (a prototype LLMatcher, or an xgrammar CompiledGrammar).
+    """
+
+    backend: str
+    payload: bytes
+    spec_digest: str
+    tokenizer_fingerprint: str
+    eos_token_ids: frozenset[int]
+    unenforced: tuple[Unenforced, ...] = ()
+    native: Any = field(default=None, repr=False)
+
+    def matcher(self) -> Matcher:
+        """A fresh per-request cursor; cheap (a copy of a prototype, or a new xgrammar matcher)."""
+        if self.backend == llg.NAME:
+            return llg.LLGuidanceMatcher(self.native, self.eos_token_ids)
+        return xgr.XGrammarMatcher(self.native)
+
+    @property
+    def backend_version(self) -> str:
+        return _BACKEND_VERSIONS[self.backend]
+
+    def to_bytes(self) -> bytes:
+        """Self-describing bytes: magic, header length, JSON header, payload. Never pickle.
+
+        The header's ``seal`` is a sha256 over the rest of the header and the payload, so any
+        garbled byte anywhere makes the entry a :class:`CorruptEntry`."""
+        header: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "backend": self.backend,
+            "backend_version": self.backend_version,
+            "spec_digest": self.spec_digest,
+            "tokenizer": self.tokenizer_fingerprint,
+            "unenforced": [list(u) for u in self.unenforced],
+        }
+        header["seal"] = _seal(header, self.payload)
+        raw = json.dumps(header).encode()
+        return _MAGIC + struct.pack("<I", len(raw)) + raw + self.payload
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, tok: TokenizerInfo, *, spec_digest: str | None = None
+    ) -> CompiledConstraint:
+        """Rebuild from :meth:`to_bytes`; raises :class:`CorruptEntry` on anything unexpected."""
+        header, payload = _split(data)
+        if set(header) != _HEADER_KEYS or header["seal"] != _seal(header, payload):
+            raise CorruptEntry("header or payload does not match its seal")
+        if header.get("format") != FORMAT_VERSION:
+            raise CorruptEntry(f"format {header.get('format')!r} is not {FORMAT_VERSION}")
+        backend = header.get("backend")
+        if (
+            backend not in _BACKEND_VERSIONS
+            or header.get("backend_version") != _BACKEND_VERSIONS[backend]
+        ):
+            raise CorruptEntry(f"backend {backend!r} {header.get('backend_version')!r} is not ours")
+        if header.get("tokenizer") != tok.fingerprint:
+            raise CorruptEntry("compiled for another tokenizer")
+        if spec_digest is not None and header.get("spec_digest") != spec_digest:
+            raise CorruptEntry("compiled for another constraint")
+        try:
+            if backend == llg.NAME:
+                native = llg.new_prototype(payload.decode(), tok, keyword="")
+            else:
+                native = xgr.deserialize(payload, tok)
+        except Exception as e:  # a payload that passed the checksum but does not load
+            raise CorruptEntry(f"payload does not load: {e}") from e
+        return cls(
+            backend=backend,
+            payload=payload,
+            spec_digest=header["spec_digest"],
+            tokenizer_fingerprint=tok.fingerprint,
+            eos_token_ids=frozenset(tok.eos_token_ids),
+            unenforced=tuple(Unenforced(*u) for u in header.get("unenforced", [])),
+            native=native,
+        )
+
+
+_HEADER_KEYS = {
+    "format",
+    "backend",
+    "backend_version",
+    "spec_digest",
+    "tokenizer",
+    "unenforced",
+    "seal",
+}
+
+
+def _seal(header: dict[str, Any], payload: bytes) -> str:
+    body = json.dumps({k: v for k, v in header.items() if k != "seal"}, sort_keys=True).encode()
+    return hashlib.sha256(body + b"\0" + payload).hexdigest()
+
+
+def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
+    if len(data) < len(_MAGIC) + 4 or not data.startswith(_MAGIC):
+        raise CorruptEntry("not a compiled-constraint entry")
+    (n,) = struct.unpack_from("<I", data, len(_MAGIC))
+    start = len(_MAGIC) + 4
+    if start + n > len(data):
+        raise CorruptEntry("truncated header")
+    try:
+        header = json.loads(data[start : start + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptEntry(f"garbled header: {e}") from e
+    if not isinstance(header, dict):
+        raise CorruptEntry("garbled header")
+    return header, data[start + n :]

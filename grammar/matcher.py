@@ -1,0 +1,47 @@
+"""The per-request cursor over a compiled constraint."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Matcher(ABC):
+    """A cheap, per-request cursor over a :class:`CompiledConstraint`.
+
+    Invariants: a token is only accepted if the last mask allowed it; a rejected token leaves the
+    matcher where it was (it is a state, not an exception); ``rollback(n)`` undoes exactly the
+    last ``n`` accepted tokens. Masks use the project-wide format ``int32[B, ceil(V/32)]``.
+    """
+
+    @abstractmethod
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Write the allowed tokens into ``bitmask[row]``; False when every token is allowed."""
+
+    @abstractmethod
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (and no state change) when the grammar forbids it."""
+
+    def accept_tokens(self, token_ids: list[int]) -> int:
+        """Accept tokens in order until one is rejected; returns how many were accepted."""
+        for i, t in enumerate(token_ids):
+            if not self.accept(t):
+                return i
+        return len(token_ids)
+
+    @abstractmethod
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens."""
+
+    @abstractmethod
+    def forced_continuation(self) -> bytes:
+        """The bytes the grammar forces next, whatever the model would pick (may be empty)."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """True once the grammar is finished: an EOS token was accepted or nothing may follow."""
+
+    @abstractmethod
+    def can_terminate(self) -> bool:
+        """True when the text so far is a complete match, so an EOS token would be allowed."""

@@ -1,0 +1,192 @@
+"""Translate a Python regex into the backends' dialect, never admitting what Python refuses.
+
+Clients' regexes (the ``regex`` constraint, and JSON-Schema ``pattern`` as ``jsonschema`` checks
+it) mean what Python's ``re`` says. The backends parse a Rust-like dialect where ``\\d``, ``\\w``,
+``\\s`` and ``.`` differ at the edges (ASCII vs Unicode, which newlines ``.`` skips). So the
+pattern is parsed with Python's own parser and printed back with every class spelt out as explicit
+code-point ranges computed from Python's definitions (positive shorthands narrowed to ASCII, see
+``set_ranges``), so the backend accepts a subset of what Python accepts — never more. Constructs
+a token-level automaton cannot
+enforce are refused with a :class:`ConstraintError` naming them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from functools import cache
+from re import _constants as C  # type: ignore[attr-defined]
+from re import _parser as P  # type: ignore[attr-defined]
+
+from corral.grammar.errors import ConstraintError
+
+Ranges = list[tuple[int, int]]  # sorted, disjoint, inclusive code-point ranges
+
+_REFUSED = {
+    C.ASSERT: "look-ahead/look-behind assertions",
+    C.ASSERT_NOT: "negative look-ahead/look-behind assertions",
+    C.GROUPREF: "back-references",
+    C.GROUPREF_EXISTS: "conditional groups",
+    C.ATOMIC_GROUP: "atomic groups",
+    C.POSSESSIVE_REPEAT: "possessive quantifiers",
+}
+_ANCHORS = {
+    C.AT_BEGINNING: "^",
+    C.AT_BEGINNING_STRING: "^",
+    C.AT_END: "$",
+    C.AT_END_STRING: "$",
+}
+_UNSUPPORTED_FLAGS = re.IGNORECASE | re.MULTILINE | re.VERBOSE | re.DOTALL | re.ASCII | re.LOCALE
+
+
+def translate_regex(pattern: str, *, keyword: str = "regex", pointer: str = "") -> str:
+    """The backend-dialect regex that matches exactly the strings Python's ``re`` matches."""
+    try:
+        parsed = P.parse(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise ConstraintError(
+            f"invalid regular expression {pattern!r}: {e}", pointer, keyword
+        ) from e
+    if parsed.state.flags & _UNSUPPORTED_FLAGS:
+        raise ConstraintError(
+            f"regex flags (?i) (?m) (?s) (?x) (?a) are not supported in {pattern!r}",
+            pointer,
+            keyword,
+        )
+    return _Printer(pattern, keyword, pointer).seq(list(parsed))
+
+
+class _Printer:
+    def __init__(self, pattern: str, keyword: str, pointer: str) -> None:
+        self.pattern, self.keyword, self.pointer = pattern, keyword, pointer
+
+    def refuse(self, what: str) -> ConstraintError:
+        return ConstraintError(
+            f"{what} in {self.pattern!r} cannot be enforced token by token",
+            self.pointer,
+            self.keyword,
+        )
+
+    def seq(self, items: list) -> str:
+        return "".join(self.item(op, arg) for op, arg in items)
+
+    def item(self, op, arg) -> str:
+        if op in _REFUSED:
+            raise self.refuse(_REFUSED[op])
+        if op is C.LITERAL:
+            return _char(arg)
+        if op is C.NOT_LITERAL:
+            return _class(_complement([(arg, arg)]))
+        if op is C.ANY:
+            return "."  # both dialects: any character but \n (no DOTALL)
+        if op is C.IN:
+            return _class(self.set_ranges(arg))
+        if op is C.AT:
+            if arg not in _ANCHORS:
+                raise self.refuse(f"the word-boundary assertion {arg}")
+            return _ANCHORS[arg]
+        if op is C.BRANCH:
+            return "(?:" + "|".join(self.seq(list(b)) for b in arg[1]) + ")"
+        if op is C.SUBPATTERN:
+            _group, add_flags, del_flags, sub = arg
+            if add_flags or del_flags:
+                raise self.refuse("a scoped flag group (?flags:...)")
+            return "(?:" + self.seq(list(sub)) + ")"
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):  # laziness does not change what fullmatch accepts
+            lo, hi, sub = arg
+            body = "(?:" + self.seq(list(sub)) + ")"
+            if hi is C.MAXREPEAT:
+                return body + ("*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}")
+            return body + (f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}")
+        raise self.refuse(f"the construct {op}")
+
+    def set_ranges(self, items: list) -> Ranges:
+        """A class as code-point ranges. Positive shorthands (\\d \\w \\s) in a positive class
+        are narrowed to their ASCII members: sound, far smaller for the backend's lexer, and
+        only non-ASCII digits/letters/spaces are given up. Everything under a negation is exact,
+        so that the complement never lets in a character Python would refuse."""
+        negate = bool(items) and items[0][0] is C.NEGATE
+        ranges: Ranges = []
+        for op, arg in items[1:] if negate else items:
+            if op is C.LITERAL:
+                ranges.append((arg, arg))
+            elif op is C.RANGE:
+                ranges.append(arg)
+            elif op is C.CATEGORY:
+                ranges.extend(_category(arg, ascii_only=not negate))
+            else:
+                raise self.refuse(f"the class item {op}")
+        merged = _merge(ranges)
+        return _complement(merged) if negate else merged
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _complement(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    nxt = 0
+    for lo, hi in _merge(ranges):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= sys.maxunicode:
+        out.append((nxt, sys.maxunicode))
+    return out
+
+
+@cache
+def _all_chars() -> str:
+    return "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, sys.maxunicode + 1)))
+
+
+@cache
+def _table(name: str) -> tuple[tuple[int, int], ...]:
+    """Code-point ranges of Python's \\d, \\s or \\w for str patterns (the C regex engine scans
+    every code point once, in tens of milliseconds; the result is kept for the process)."""
+    runs = re.finditer({"digit": r"\d+", "space": r"\s+", "word": r"\w+"}[name], _all_chars())
+    return tuple(_merge([(ord(m.group()[0]), ord(m.group()[-1])) for m in runs]))
+
+
+_CATEGORIES = {
+    C.CATEGORY_DIGIT: ("digit", False),
+    C.CATEGORY_NOT_DIGIT: ("digit", True),
+    C.CATEGORY_SPACE: ("space", False),
+    C.CATEGORY_NOT_SPACE: ("space", True),
+    C.CATEGORY_WORD: ("word", False),
+    C.CATEGORY_NOT_WORD: ("word", True),
+}
+
+
+def _category(cat, *, ascii_only: bool) -> Ranges:
+    name, negated = _CATEGORIES[cat]
+    ranges = list(_table(name))
+    if negated:
+        return _complement(ranges)
+    return [(lo, min(hi, 0x7F)) for lo, hi in ranges if lo <= 0x7F] if ascii_only else ranges
+
+
+def literal_regex(text: str) -> str:
+    """A backend-dialect regex matching exactly ``text``."""
+    return "".join(_char(ord(ch)) for ch in text)
+
+
+def _char(cp: int) -> str:
+    ch = chr(cp)
+    if ch.isascii() and ch.isalnum():
+        return ch
+    return f"\\x{{{cp:x}}}"
+
+
+def _class(ranges: Ranges) -> str:
+    if not ranges:
+        raise ConstraintError("a character class that matches nothing", keyword="regex")
+    parts = [_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in ranges]
+    return "[" + "".join(parts) + "]"

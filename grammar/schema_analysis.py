@@ -1,0 +1,325 @@
+"""JSON Schema analysis in front of the grammar backends (fail closed, rewrite to reach further).
+
+`analyze_schema` walks a schema once and returns an equivalent schema that llguidance enforces
+exactly, or raises `ConstraintError` naming the keyword it cannot enforce and its JSON pointer.
+
+Invariants of the output schema (the contract with the backend):
+* it accepts exactly the instances `jsonschema` (Draft 2020-12, with format checks) accepts for
+  the input, except where lenient mode dropped a keyword, which is then listed in `unenforced`
+  (dropping a keyword never widens what is accepted silently);
+* it only uses keywords llguidance implements exactly: no annotations, no `oneOf`, `not`,
+  `if`/`then`/`else`, `dependencies`, `propertyNames`, `format`; all `$ref`s are `#` or
+  `#/$defs/<generated>`.
+The walk costs one pass over the schema plus the rewrites it performs; every step is charged to
+`budget`, so pathological schemas (deeply nested `oneOf`/`not`) fail fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from corral.grammar.errors import ConstraintError, Unenforced
+from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
+from corral.grammar.schema_disjoint import DisjointProver
+from corral.grammar.schema_facts import (
+    ALL_TYPES,
+    ANNOTATIONS,
+    closed_keys,
+    escape_pointer,
+)
+from corral.grammar.schema_fold import fold_finite
+from corral.grammar.schema_formats import format_constraint
+from corral.grammar.schema_negate import Negator, NotExpressible
+from corral.grammar.schema_patterns import PatternTable, python_dialect
+from corral.grammar.schema_refs import RefTable
+from corral.grammar.schema_rewrite import KeywordRewrites
+from corral.grammar.schema_size import MAX_ALTERNATIVES, worst_conjunct
+
+_NON_NEGATIVE_INT = frozenset(
+    "minLength maxLength minItems maxItems minProperties maxProperties minContains maxContains".split()
+)
+_NUMBERS = frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multipleOf".split())
+_SCHEMA_MAPS = frozenset(("properties", "patternProperties"))
+_SCHEMA_LISTS = frozenset(("allOf", "anyOf", "prefixItems"))
+_SINGLE_SCHEMAS = frozenset(("additionalProperties", "items"))
+
+
+@dataclass(frozen=True)
+class SchemaPlan:
+    """The analysed schema handed to the backend, and what (in lenient mode) it leaves out."""
+
+    schema: dict | bool
+    unenforced: tuple[Unenforced, ...] = ()
+    #: (backend regex, the Python pattern it was translated from), for `judged_schema`
+    regex_sources: tuple[tuple[str, str], ...] = ()
+
+    def judged_schema(self) -> dict | bool:
+        """`schema` with each regex back in Python's dialect, for `jsonschema` to judge.
+
+        The backend regexes use syntax Python's `re` cannot read (`\\x{...}`); a narrowed
+        `pattern` is judged by its source, so this checks the rewrites, not the narrowing.
+        """
+        return python_dialect(self.schema, dict(self.regex_sources))
+
+
+def analyze_schema(
+    schema: dict | bool, *, lenient: bool = False, budget: int = 100_000
+) -> SchemaPlan:
+    """Rewrite `schema` into an equivalent one llguidance enforces exactly.
+
+    Raises ConstraintError when the schema is invalid, when (strict mode) a keyword cannot be
+    enforced exactly, or when the analysis uses up `budget` steps.
+    """
+    if not isinstance(schema, (dict, bool)):
+        raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
+    return _Analyzer(schema, lenient, budget).run()
+
+
+class _Analyzer:
+    def __init__(self, root: dict | bool, lenient: bool, budget: int) -> None:
+        self.root = root
+        self.lenient = lenient
+        self.budget = budget
+        self.unenforced: list[Unenforced] = []
+        self.refs = RefTable(root)
+        self.defs: dict[str, Any] = {}
+        self._def_names: dict[int, str] = {}
+        self._pointer = ""
+        self._alternatives: dict = {}  # memo of schema_size.alternatives
+        #: id(rewritten conjunct) -> how to name it in a size refusal
+        self.describe: dict[int, str] = {}
+        self.patterns = PatternTable(self.refuse)
+        self.negator = Negator(self.lookup, self.tick)
+        self.prover = DisjointProver(self.lookup, self.tick)
+        self.rewrites = KeywordRewrites(self)
+
+    def run(self) -> SchemaPlan:
+        out = self.node(self.root, "", self.refs.root_scope())
+        if self.defs:
+            out = (
+                {"$defs": self.defs, **out}
+                if isinstance(out, dict)
+                else {"$defs": self.defs, "allOf": [out]}
+            )
+        return SchemaPlan(out, tuple(self.unenforced), tuple(self.patterns.python_source.items()))
+
+    # -- services used by the rewrites -------------------------------------------------------
+    def tick(self, cost: int = 1) -> None:
+        """Charge analysis steps; fail fast once the budget is spent."""
+        self.budget -= cost
+        if self.budget < 0:
+            raise ConstraintError(
+                "schema analysis exceeded its budget; simplify the schema (fewer nested "
+                "oneOf/not/if branches)",
+                self._pointer,
+                "",
+            )
+
+    def lookup(self, ref: str) -> dict | bool | None:
+        """The analysed target of an output `$ref` (None while it is being analysed)."""
+        if not ref.startswith("#/$defs/"):
+            return None
+        return self.defs.get(ref[len("#/$defs/") :])
+
+    def refuse(self, pointer: str, keyword: str, reason: str) -> None:
+        """Strict: raise. Lenient: record that the keyword is not enforced (caller drops it)."""
+        if not self.lenient:
+            raise ConstraintError(reason, pointer, keyword)
+        self.unenforced.append(Unenforced(pointer, keyword, reason))
+
+    def negate(
+        self,
+        s: dict | bool,
+        pointer: str,
+        keyword: str,
+        within: frozenset[str] = ALL_TYPES,
+        context: dict | bool = True,
+    ) -> Any:
+        """Exact negation of `s` among instances of `within` types that satisfy `context`.
+
+        Returns None after refusing `keyword` (lenient mode).
+        """
+        try:
+            return self.negator.negate(s, within, self._context_keys(context))
+        except NotExpressible as e:
+            self.refuse(pointer, keyword, f"'{keyword}' cannot be enforced exactly: {e.reason}")
+            return None
+
+    def _context_keys(self, context: dict | bool, depth: int = 0) -> frozenset[str] | None:
+        """Property names objects satisfying `context` are limited to (through $ref/allOf)."""
+        keys = closed_keys(context)
+        if keys is not None or not isinstance(context, dict) or depth > 4:
+            return keys
+        subs = list(context.get("allOf", ()))
+        if "$ref" in context:
+            subs.append(self.lookup(context["$ref"]))
+        for sub in subs:
+            if sub is not None and (keys := self._context_keys(sub, depth + 1)) is not None:
+                return keys
+        return None
+
+    # -- the walk ------------------------------------------------------------------------------
+    def node(self, s: Any, pointer: str, scope: Any) -> dict | bool:
+        """The analysed form of schema `s` found at `pointer`."""
+        self._pointer = pointer
+        self.tick()
+        if isinstance(s, bool):
+            return s
+        if not isinstance(s, dict):
+            raise ConstraintError("a subschema must be an object or a boolean", pointer, "")
+        if isinstance(s.get("$id", s.get("id")), str):
+            scope = self.refs.enter(s, scope)
+        out: dict = {}
+        extra: list = []
+        origin: list[str] = []  # the keyword each conjunct in `extra` was rewritten from
+        for key, value in s.items():
+            if key in ANNOTATIONS:
+                continue
+            where = f"{pointer}/{escape_pointer(key)}"
+            self._keyword(key, value, s, where, scope, out, extra)
+            origin += [key] * (len(extra) - len(origin))
+        self.rewrites.finish(s, pointer, out, extra)
+        self._guard_min_properties(out, pointer)
+        origin += ["uniqueItems"] * (len(extra) - len(origin))
+        own = out.get("allOf", [])  # assigned in place below: key order is property order
+        conjuncts = own + extra
+        origin = [f"allOf/{i}" for i in range(len(own))] + origin
+        if conjuncts:
+            out["allOf"] = conjuncts
+            folded = fold_finite(out, self.lookup, self.defs, self.patterns.judge_sources())
+            if folded is not None:
+                return {"enum": folded} if folded else False
+        while conjuncts:
+            out["allOf"] = conjuncts
+            if not self._oversized(out, conjuncts, origin, pointer):
+                return out
+        out.pop("allOf", None)  # lenient mode dropped every conjunct
+        return out
+
+    def _guard_min_properties(self, out: dict, pointer: str) -> None:
+        """The backend counts a repeated free-form key (additional or pattern properties) towards
+        minProperties, but a JSON parser keeps one of the two, so the count can come up short.
+        Exact only when the required keys alone reach the bound or every key is declared."""
+        bound = out.get("minProperties")
+        if not isinstance(bound, int) or bound <= len(set(out.get("required", ()))):
+            return
+        if out.get("additionalProperties") is False and not out.get("patternProperties"):
+            return
+        self.refuse(
+            f"{pointer}/minProperties",
+            "minProperties",
+            "'minProperties' beyond the required keys cannot be enforced exactly on objects with "
+            "free-form keys (a repeated key would count twice); list the keys in 'properties' "
+            "with 'additionalProperties': false, or require them",
+        )
+        out.pop("minProperties")
+
+    def _oversized(self, out: dict, conjuncts: list, origin: list[str], pointer: str) -> bool:
+        """Refuse the conjunct that makes `out` expand past the backend's limit; in lenient
+        mode drop it (reported) and return True so the caller rebuilds `out`."""
+        worst = worst_conjunct(out, conjuncts, self.lookup, self._alternatives)
+        if worst is None:
+            return False
+        total, i = worst
+        keyword = origin[i].split("/")[0]
+        what = f"the allOf of {len(conjuncts)} schemas" if keyword == "allOf" else f"'{keyword}'"
+        what = self.describe.get(id(conjuncts[i]), what)
+        self.refuse(
+            f"{pointer}/{origin[i]}",
+            keyword,
+            f"{what} expands to {total} alternatives for the backend, over the limit of "
+            f"{MAX_ALTERNATIVES}; make the branches mutually exclusive (e.g. a required "
+            "property with a different `const` in each) or simplify the schema",
+        )
+        del conjuncts[i], origin[i]
+        self._alternatives.clear()
+        return True
+
+    def _keyword(
+        self, key: str, value: Any, s: dict, where: str, scope: Any, out: dict, extra: list
+    ) -> None:
+        if key == "type":
+            out[key] = check_type(value, where)
+        elif key in ("enum", "required"):
+            out[key] = check_list(value, where, key, strings=key == "required")
+        elif key == "const":
+            out[key] = value
+        elif key == "pattern":
+            self._pattern(value, where, out)
+        elif key in _NON_NEGATIVE_INT:
+            out[key] = check_count(value, where, key)
+        elif key in _NUMBERS:
+            out[key] = check_number(value, where, key)
+        elif key in _SCHEMA_MAPS:
+            out[key] = self._schema_map(value, where, scope)
+        elif key in _SCHEMA_LISTS:
+            out[key] = [
+                self.node(sub, f"{where}/{i}", scope)
+                for i, sub in enumerate(check_list(value, where, key))
+            ]
+        elif key in _SINGLE_SCHEMAS:
+            self._single_schema(key, value, s, where, scope, out)
+        elif key == "$ref":
+            out[key] = self._ref(value, where, scope)
+        elif key == "format":
+            self._format(value, where, out, extra)
+        else:
+            self.rewrites.apply(key, value, s, where, scope, out, extra)
+
+    def _schema_map(self, value: Any, where: str, scope: Any) -> dict:
+        if not isinstance(value, dict):
+            raise ConstraintError("must be an object of schemas", where, where.rsplit("/", 1)[-1])
+        out = {k: self.node(v, f"{where}/{escape_pointer(k)}", scope) for k, v in value.items()}
+        if where.endswith("/patternProperties"):
+            return self.patterns.key_patterns(out, where)
+        return out
+
+    def _pattern(self, value: Any, where: str, out: dict) -> None:
+        if not isinstance(value, str):
+            raise ConstraintError("pattern must be a string", where, "pattern")
+        regex = self.patterns.translate(value, where, "pattern", exact=False)
+        if regex is not None:
+            out["pattern"] = regex
+
+    def _single_schema(
+        self, key: str, value: Any, s: dict, where: str, scope: Any, out: dict
+    ) -> None:
+        if key == "items" and isinstance(value, list):  # drafts before 2020-12: a tuple
+            out["prefixItems"] = [self.node(v, f"{where}/{i}", scope) for i, v in enumerate(value)]
+            if "additionalItems" in s:
+                out["items"] = self.node(
+                    s["additionalItems"], where[: -len("items")] + "additionalItems", scope
+                )
+            return
+        out[key] = self.node(value, where, scope)
+
+    def _ref(self, ref: Any, where: str, scope: Any) -> str:
+        if not isinstance(ref, str):
+            raise ConstraintError("$ref must be a string", where, "$ref")
+        target, inner_scope, target_ptr = self.refs.resolve(ref, scope, where)
+        if target is self.root:
+            return "#"
+        name = self._def_names.get(id(target))
+        if name is None:
+            name = f"d{len(self._def_names)}"
+            self._def_names[id(target)] = name
+            self.defs[name] = None  # in progress: recursive references see it as opaque
+            ptr = target_ptr[1:] if target_ptr.startswith("#") else target_ptr
+            self.defs[name] = self.node(target, ptr, inner_scope)
+            self._pointer = where
+        return f"#/$defs/{name}"
+
+    def _format(self, name: Any, where: str, out: dict, extra: list) -> None:
+        if not isinstance(name, str):
+            raise ConstraintError("format must be a string", where, "format")
+        constraint = format_constraint(name)
+        if constraint is None:
+            self.refuse(
+                where,
+                "format",
+                f"format {name!r} is checked by the validator but cannot be enforced",
+            )
+        elif constraint:
+            regex = self.patterns.translate(constraint["pattern"], where, "format", exact=False)
+            extra.append({**constraint, "pattern": regex})

@@ -1,0 +1,111 @@
+"""String `format` handling for the schema analysis.
+
+JSON Schema makes `format` an annotation unless the validator asserts it. Corral's judge is
+`jsonschema` with its format checker, so a format falls in one of three groups:
+
+* not checked by `jsonschema.FormatChecker` (e.g. "url", "int64", "byte"): an annotation, any
+  string is valid, so the keyword is dropped;
+* checked, and expressible as a regular language we can write down exactly (date, time,
+  date-time, ipv4, uuid, hostname, ...): replaced by an anchored `pattern` (plus a length bound)
+  whose language is a *subset* of what the checker accepts, never a superset;
+* checked but not expressible here (uri-reference, regex, idn-hostname, ...): refused in strict
+  mode, since passing it on would let the backend accept strings the judge rejects.
+
+llguidance's own format regexes are not used: some accept strings the checker rejects (leap
+seconds, February 29 of common years, host names over 253 characters).
+"""
+
+from __future__ import annotations
+
+import re
+
+import rfc3986_validator
+from jsonschema import Draft202012Validator
+
+#: Formats the judge checks (with the installed extras); every other format is an annotation.
+CHECKED_FORMATS: frozenset[str] = frozenset(Draft202012Validator.FORMAT_CHECKER.checkers)
+
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9][0-9]|[0-9][1-9][0-9]{2}|[1-9][0-9]{3})"  # 0001-9999
+_LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (
+    rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+    rf"|{_LEAP_YEAR}-02-29)"
+)
+# rfc3339-validator upper-cases the string first, so "t" and "z" are fine; no leap seconds.
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_DEC_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_IPV4 = rf"{_DEC_OCTET}(?:\.{_DEC_OCTET}){{3}}"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_IPV6 = (
+    "(?:"
+    + "|".join(
+        [
+            rf"(?:{_H16}:){{7}}{_H16}",
+            rf"::(?:{_H16}:){{0,5}}{_H16}",
+            rf"{_H16}::(?:{_H16}:){{0,4}}{_H16}",
+            rf"(?:{_H16}:){{1}}{_H16}::(?:{_H16}:){{0,3}}{_H16}",
+            rf"(?:{_H16}:){{2}}{_H16}::(?:{_H16}:){{0,2}}{_H16}",
+            rf"(?:{_H16}:){{3}}{_H16}::(?:{_H16}:){{0,1}}{_H16}",
+            rf"(?:{_H16}:){{4}}{_H16}::{_H16}",
+            rf"(?:{_H16}:){{0,6}}{_H16}::",
+            "::",
+        ]
+    )
+    + ")"
+)
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?"
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_DUR_TIME = r"T(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+_DUR_DATE = r"(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)"
+_DURATION = rf"P(?:{_DUR_DATE}(?:{_DUR_TIME})?|{_DUR_TIME}|[0-9]+W)"
+# Dot-atom local part @ host name; the checker only asks for an "@".
+_EMAIL = rf"[a-zA-Z0-9!#$%&'*+/=?^_`{{|}}~-]+(?:\.[a-zA-Z0-9!#$%&'*+/=?^_`{{|}}~-]+)*@{_LABEL}(?:\.{_LABEL})*"
+
+
+def _plain_regex(verbose: str) -> str:
+    """A re.VERBOSE regex as a plain one both Python `re` and Rust `regex` read the same way."""
+    lines = [re.sub(r"(?<!\\)#.*$", "", line) for line in verbose.splitlines()]
+    plain = re.sub(r"\s+", "", "".join(lines))
+    return plain.replace("\\#", "#").replace("{,", "{0,")
+
+
+# The judge checks "uri"/"uri-reference" with rfc3986-validator's regexes: reuse them.
+_URI = _plain_regex(rfc3986_validator.URI_RE)
+_RELATIVE_REF = _plain_regex(rfc3986_validator.RELATIVE_REF_RE)
+
+#: format -> (anchored regex, max length or None). Each language is a subset of what the
+#: checker accepts (tests draw strings from each regex and ask the checker).
+EXACT_FORMATS: dict[str, tuple[str, int | None]] = {
+    "date": (f"^{_DATE}$", None),
+    "time": (f"^{_TIME}$", None),
+    "date-time": (f"^{_DATE}[tT]{_TIME}$", None),
+    "ipv4": (f"^{_IPV4}$", None),
+    "ipv6": (f"^{_IPV6}$", None),
+    "uuid": (f"^{_UUID}$", None),
+    "hostname": (rf"^{_LABEL}(?:\.{_LABEL})*$", 253),
+    "email": (f"^{_EMAIL}$", None),
+    "duration": (f"^{_DURATION}$", None),
+    "uri": (f"^(?:{_URI})$", None),
+    "uri-reference": (f"^(?:{_URI}|{_RELATIVE_REF})$", None),
+    "json-pointer": (r"^(?:/(?:[^~/]|~[01])*)*$", None),
+}
+
+
+def format_constraint(name: str) -> dict | None:
+    """The string constraints that enforce `format: name` exactly.
+
+    Returns {} for a format the judge does not check (an annotation), a dict with `pattern`
+    (and maybe `maxLength`) for an expressible one, and None when it cannot be enforced.
+    """
+    if name not in CHECKED_FORMATS:
+        return {}
+    exact = EXACT_FORMATS.get(name)
+    if exact is None:
+        return None
+    pattern, max_len = exact
+    out: dict = {"pattern": pattern}
+    if max_len is not None:
+        out["maxLength"] = max_len
+    return out

@@ -1,0 +1,185 @@
+"""Schema regexes in the backend's dialect: `pattern`, `patternProperties` keys, format patterns.
+
+JSON Schema patterns mean what the judge's regex engine (Python `re`) says, with search
+semantics (unanchored unless the pattern anchors itself). llguidance also searches unless the
+pattern carries `^`/`$`, and `translate_regex` keeps those anchors, so a translation keeps the
+search semantics; what it changes is the character classes, spelt out from Python's tables.
+
+Two strengths are needed:
+* a `pattern` (or a `propertyNames` pattern turned into a closed key pattern) may be *narrowed*:
+  the backend accepting fewer strings is sound. `translate_regex` narrows positive `\\d \\w \\s`
+  to ASCII, which keeps the backend's lexer small.
+* a `patternProperties` key must be *exact*: a key the pattern matches for Python but not for the
+  backend would escape the pattern's schema and fall to `additionalProperties`, which may accept
+  more. Positive shorthands are first rewritten as double negations (`\\d` -> `[^\\D]`), which
+  `translate_regex` prints exactly (everything under a negation is exact).
+
+Translations are cached per pattern string: the first shorthand class builds a Unicode table
+(a fraction of a second, once per process), later uses cost a dictionary look-up.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from corral.grammar.errors import ConstraintError
+from corral.grammar.regex_translate import translate_regex
+from corral.grammar.schema_facts import escape_pointer
+
+_DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
+
+
+@dataclass(frozen=True)
+class Translation:
+    """The backend regex of a pattern, or why there is none (`invalid`: not a regex at all)."""
+
+    regex: str = ""
+    refusal: str = ""
+    invalid: bool = False
+
+
+@lru_cache(maxsize=8192)
+def translate_pattern(pattern: str, exact: bool) -> Translation:
+    """The backend-dialect form of Python regex `pattern` (exact, or possibly narrowed)."""
+    with warnings.catch_warnings():  # "possible nested set" and the like: Python's own advice
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as e:
+            return Translation(refusal=f"invalid regular expression {pattern!r}: {e}", invalid=True)
+        try:
+            narrowed = translate_regex(pattern)
+            if not exact:
+                return Translation(narrowed)
+            source = exact_shorthands(pattern)
+            return Translation(narrowed if source == pattern else translate_regex(source))
+        except ConstraintError as e:
+            return Translation(refusal=e.reason)
+
+
+class PatternTable:
+    """The backend regexes of one analysis and the Python patterns they were translated from."""
+
+    def __init__(self, refuse: Callable[[str, str, str], None]) -> None:
+        self._refuse = refuse
+        #: backend regex -> its Python source (to judge the output with `jsonschema`)
+        self.python_source: dict[str, str] = {}
+        #: exact backend regex -> its Python source (same language: to match keys in Python)
+        self.key_source: dict[str, str] = {}
+        self._ambiguous = False  # two sources narrowed to one regex
+
+    def translate(self, pattern: str, where: str, keyword: str, exact: bool) -> str | None:
+        """`pattern` in the backend's dialect; None after refusing it (lenient mode)."""
+        t = translate_pattern(pattern, exact)
+        if t.invalid:
+            raise ConstraintError(t.refusal, where, keyword)
+        if t.refusal:
+            self._refuse(where, keyword, t.refusal)
+            return None
+        if self.python_source.setdefault(t.regex, pattern) != pattern:
+            self._ambiguous = True
+        if exact:
+            self.key_source[t.regex] = pattern
+        return t.regex
+
+    def key_patterns(self, analysed: dict, where: str) -> dict:
+        """`patternProperties` with exact backend keys; keys that translate alike are merged
+        (an exact translation is the same language, so their schemas both apply)."""
+        out: dict = {}
+        for key, sub in analysed.items():
+            regex = self.translate(key, f"{where}/{escape_pointer(key)}", "patternProperties", True)
+            if regex is not None:
+                out[regex] = {"allOf": [out[regex], sub]} if regex in out else sub
+        return out
+
+    def judge_sources(self) -> dict[str, str] | None:
+        """backend regex -> Python source; None when some regex has two different sources."""
+        return None if self._ambiguous else self.python_source
+
+
+def exact_shorthands(pattern: str) -> str:
+    """`pattern` with every positive `\\d \\w \\s` outside a negated class written as a negated
+    class of its negation, so that `translate_regex` keeps its full Unicode meaning.
+
+    A positive class holding shorthands, `[a-f\\d]`, becomes `(?:[a-f]|[^\\D])`. The caller
+    passes only patterns `re` compiles, so a shorthand never ends a range (`re` refuses that).
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(_DOUBLE_NEGATION.get(pattern[i + 1], pattern[i : i + 2]))
+            i += 2
+        elif ch == "[":
+            end = _class_end(pattern, i)
+            out.append(_exact_class(pattern[i:end]))
+            i = end
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Index just past the `]` closing the class that opens at `start`."""
+    i = start + 1
+    if i < len(pattern) and pattern[i] == "^":
+        i += 1
+    if i < len(pattern) and pattern[i] == "]":  # a leading `]` is a literal
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
+
+
+def _exact_class(cls: str) -> str:
+    if cls.startswith("[^"):
+        return cls  # translate_regex prints negated classes exactly
+    body, shorthands, i = [], [], 1
+    while i < len(cls) - 1:
+        if cls[i] == "\\" and cls[i + 1] in _DOUBLE_NEGATION:
+            shorthands.append(_DOUBLE_NEGATION[cls[i + 1]])
+            i += 2
+        else:
+            step = 2 if cls[i] == "\\" else 1
+            body.append(cls[i : i + step])
+            i += step
+    if not shorthands:
+        return cls
+    rest = "".join(body)
+    return "(?:" + "|".join(([f"[{rest}]"] if rest else []) + shorthands) + ")"
+
+
+def python_dialect(schema: Any, sources: dict[str, str], memo: dict | None = None) -> Any:
+    """An analysed schema with its backend regexes replaced by their Python sources."""
+    memo = {} if memo is None else memo
+    if not isinstance(schema, (dict, list)):
+        return schema
+    if id(schema) in memo:  # analysed schemas share subtrees; keep the copy linear
+        return memo[id(schema)]
+    if isinstance(schema, list):
+        out: Any = [python_dialect(s, sources, memo) for s in schema]
+    else:
+        out = {}
+        for key, value in schema.items():
+            if key in ("enum", "const"):
+                out[key] = value
+            elif key == "pattern":
+                out[key] = sources.get(value, value)
+            elif key in ("patternProperties", "properties", "$defs"):
+                out[key] = {
+                    sources.get(k, k) if key == "patternProperties" else k: python_dialect(
+                        v, sources, memo
+                    )
+                    for k, v in value.items()
+                }
+            else:
+                out[key] = python_dialect(value, sources, memo)
+    memo[id(schema)] = out
+    return out

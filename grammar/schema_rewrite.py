@@ -1,0 +1,303 @@
+"""Rewrites of keywords llguidance does not implement into equivalent ones it does.
+
+Each rewrite is exact (same accepted instances as `jsonschema` judges them) or refuses:
+* `not S`                 -> the exact negation of S (see `schema_negate`);
+* `oneOf [A, B, ...]`     -> `anyOf` when the branches are provably disjoint, else
+                             `anyOf [A and not B..., B and not A..., ...]` (negating only
+                             the pairs not proven disjoint);
+* `if I then T else E`    -> `anyOf [I and T, not I and E]` (`I or E` without `then`);
+* `dependentRequired` / `dependencies` / `dependentSchemas`
+                          -> `anyOf [{properties: {k: false}}, {required: [k, ...], ...}]`;
+* `propertyNames`         -> closing the key set (`enum`/`const` names) or a key
+                             `patternProperties` (`pattern` names), where that is exact;
+* `uniqueItems`           -> dropped when at most one item is allowed, else an `enum` of the
+                             distinct arrangements of a small finite item domain;
+* `unevaluatedProperties` / `unevaluatedItems` without applicators -> their `additional*` form.
+Anything else (`contains`, `$dynamicRef`, ...) is refused; unknown keywords are annotations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from corral.grammar.errors import ConstraintError
+from corral.grammar.schema_facts import (
+    ALL_TYPES,
+    ANNOTATIONS,
+    TYPE_NAMES,
+    escape_pointer,
+    finite_values,
+    intersect_types,
+    json_equal,
+    types_of,
+)
+
+_APPLICATORS = frozenset(
+    "allOf anyOf oneOf not if $ref dependentSchemas dependencies $dynamicRef".split()
+)
+_MAX_ARRANGEMENTS = 256
+_MAX_DOMAIN = 16  # more distinct items always exceed _MAX_ARRANGEMENTS unless maxItems is tiny
+_REFUSED = {
+    "contains": "'contains' is not supported by the backend",
+    "minContains": "'minContains' is not supported by the backend",
+    "maxContains": "'maxContains' is not supported by the backend",
+    "$dynamicRef": "'$dynamicRef' is not supported",
+    "$recursiveRef": "'$recursiveRef' is not supported",
+}
+_HANDLED_LATER = frozenset(
+    "then else propertyNames uniqueItems unevaluatedProperties unevaluatedItems additionalItems".split()
+)
+
+
+class KeywordRewrites:
+    """Keyword handlers for `_Analyzer`; `a` supplies node(), negate(), refuse() and the prover."""
+
+    def __init__(self, analyzer: Any) -> None:
+        self.a = analyzer
+
+    def apply(
+        self, key: str, value: Any, s: dict, where: str, scope: Any, out: dict, extra: list
+    ) -> None:
+        """Rewrite keyword `key` of node `s`; results go to `out` or, as conjuncts, to `extra`."""
+        if key == "not" and isinstance(value, dict) and _only_key(value, "not"):
+            extra.append(self.a.node(value["not"], f"{where}/not", scope))  # not not X == X
+        elif key == "not":
+            sub = self.a.node(value, where, scope)
+            neg = self.a.negate(sub, where, "not", _within(s), _closed_context(s))
+            if neg is not None and neg is not True:
+                extra.append(neg)
+        elif key == "oneOf":
+            self._one_of(value, s, where, scope, extra)
+        elif key == "if":
+            self._conditional(s, where, scope, extra)
+        elif key in ("dependentRequired", "dependentSchemas", "dependencies"):
+            self._dependencies(value, s, where, scope, extra)
+        elif key in _REFUSED:
+            self.a.refuse(where, key, _REFUSED[key])
+        # everything else: handled in finish(), or an unknown keyword (an annotation)
+
+    def finish(self, s: dict, pointer: str, out: dict, extra: list) -> None:
+        """Rewrites that need the node's other keywords analysed first."""
+        if "propertyNames" in s:
+            self._property_names(s, f"{pointer}/propertyNames", out, extra)
+        if s.get("uniqueItems") is True:
+            self._unique_items(f"{pointer}/uniqueItems", out, extra)
+        for key, partner in (
+            ("unevaluatedProperties", "additionalProperties"),
+            ("unevaluatedItems", "items"),
+        ):
+            if key in s and s[key] is not True and s[key] != {}:
+                self._unevaluated(key, partner, s, f"{pointer}/{key}", out)
+
+    # -- oneOf -----------------------------------------------------------------------------------
+    def _one_of(self, value: Any, s: dict, where: str, scope: Any, extra: list) -> None:
+        if not isinstance(value, list) or not value:
+            raise ConstraintError("oneOf must be a non-empty array", where, "oneOf")
+        branches = [self.a.node(sub, f"{where}/{i}", scope) for i, sub in enumerate(value)]
+        live = [b for b in branches if b is not False]
+        if len(live) <= 1:
+            extra.append(live[0] if live else False)
+            return
+        prover, within = self.a.prover, _within(s)
+        # a type that two branches accept wholesale never satisfies exactly one branch
+        vacuous = [prover.vacuous_types(b) for b in live]
+        shared = frozenset(t for t in within if sum(t in v for v in vacuous) >= 2)
+        types = frozenset(t for t in within - shared if not (t == "integer" and "number" in shared))
+        if not types:
+            extra.append(False)
+            return
+        overlaps = {
+            (i, j)
+            for i, j in itertools.combinations(range(len(live)), 2)
+            if not prover.disjoint(live[i], live[j], within=types)
+        }
+        restrict = {"type": sorted(types)} if types != within else {}
+        if not overlaps:
+            extra.append({**restrict, "anyOf": live})
+            return
+        within = types
+        options = []
+        for i, branch in enumerate(live):
+            conj = [branch]
+            for j, other in enumerate(live):
+                if (min(i, j), max(i, j)) in overlaps and i != j:
+                    scope_types = intersect_types(within, types_of(branch)) or within
+                    neg = self.a.negate(other, where, "oneOf", scope_types, branch)
+                    if neg is None:  # lenient: treated as anyOf, reported
+                        extra.append({"anyOf": live})
+                        return
+                    conj.append(neg)
+            options.append({"allOf": conj})
+        item = {**restrict, "anyOf": options}
+        overlapping = len({k for pair in overlaps for k in pair})
+        self.a.describe[id(item)] = f"oneOf with {overlapping} overlapping branches"
+        extra.append(item)
+
+    # -- if / then / else ------------------------------------------------------------------------
+    def _conditional(self, s: dict, where: str, scope: Any, extra: list) -> None:
+        base = where[: -len("/if")]
+        cond = self.a.node(s["if"], where, scope)
+        then = self.a.node(s["then"], f"{base}/then", scope) if "then" in s else True
+        other = self.a.node(s["else"], f"{base}/else", scope) if "else" in s else True
+        if then is True and other is True:
+            return
+        if then is True:  # (I and True) or (not I and E)  ==  I or E
+            extra.append({"anyOf": [cond, other]})
+            return
+        neg = self.a.negate(cond, where, "if")
+        if neg is None:
+            return
+        if other is True:
+            extra.append({"anyOf": [neg, then]})
+        else:
+            extra.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [neg, other]}]})
+
+    # -- dependencies ----------------------------------------------------------------------------
+    def _dependencies(self, value: Any, s: dict, where: str, scope: Any, extra: list) -> None:
+        if not isinstance(value, dict):
+            raise ConstraintError("must be an object", where, where.rsplit("/", 1)[-1])
+        required = set(s.get("required", ())) if isinstance(s.get("required"), list) else set()
+        for name, dep in value.items():
+            if isinstance(dep, list):
+                if not all(isinstance(d, str) for d in dep):
+                    raise ConstraintError(
+                        "dependency lists must hold strings", where, "dependencies"
+                    )
+                then: Any = {"required": [d for d in dep if d != name]} if dep else True
+            else:
+                then = self.a.node(dep, f"{where}/{escape_pointer(name)}", scope)
+            if then is True:
+                continue
+            if name in required:
+                extra.append(then)
+            else:
+                present = {"required": [name], "allOf": [then]}
+                extra.append({"anyOf": [{"properties": {name: False}}, present]})
+
+    # -- propertyNames ---------------------------------------------------------------------------
+    def _property_names(self, s: dict, where: str, out: dict, extra: list) -> None:
+        names = s["propertyNames"]
+        if names is True or names == {}:
+            return
+        simple = {"type", "enum", "const", "pattern", "minLength", "maxLength"}
+        if isinstance(names, dict) and not set(names) <= simple:
+            self.a.refuse(
+                where,
+                "propertyNames",
+                "only type/enum/const/pattern/length 'propertyNames' are supported",
+            )
+            return
+        judge = Draft202012Validator(names) if not isinstance(names, bool) else None
+        props = out.setdefault("properties", {})
+        for key in list(props):
+            if judge is None or not judge.is_valid(key):
+                props[key] = False
+        analysed = self.a.node(names, where, None)
+        values = finite_values(analysed) if isinstance(analysed, dict) else None
+        if names is False or "string" not in types_of(analysed):
+            self._close_keys(out, [])
+        elif values is not None:
+            self._close_keys(out, [v for v in values if isinstance(v, str) and judge.is_valid(v)])
+        elif set(analysed) <= {"type", "pattern"} and "pattern" in analysed and _open_map(out):
+            out["patternProperties"] = {analysed["pattern"]: out.get("additionalProperties", True)}
+            out["additionalProperties"] = False
+        elif not (out.get("additionalProperties") is False and not out.get("patternProperties")):
+            self.a.refuse(where, "propertyNames", "this 'propertyNames' cannot be enforced exactly")
+
+    def _close_keys(self, out: dict, allowed: list[str]) -> None:
+        """Allow exactly the keys `allowed` (plus none other), keeping each key's value schema."""
+        props = out.setdefault("properties", {})
+        patterns = out.pop("patternProperties", {})
+        additional = out.get("additionalProperties", True)
+        for key in allowed:
+            if key in props:
+                continue
+            source = self.a.patterns.key_source
+            matching = [sub for pat, sub in patterns.items() if re.search(source[pat], key)]
+            props[key] = {"allOf": matching} if matching else additional
+        out["additionalProperties"] = False
+
+    # -- uniqueItems -----------------------------------------------------------------------------
+    def _unique_items(self, where: str, out: dict, extra: list) -> None:
+        if out.get("maxItems", 2) <= 1:
+            return
+        items = out.get("items", True)
+        arrangements = None
+        if (
+            isinstance(items, dict)
+            and set(items) <= {"enum", "const", "type"}
+            and "prefixItems" not in out
+        ):
+            domain = finite_values(items)
+            if domain is None and items.get("type") in ("boolean", "null"):
+                domain = [False, True] if items["type"] == "boolean" else [None]
+            if domain is not None and len(domain) <= _MAX_DOMAIN:
+                judge = Draft202012Validator(items)
+                domain = [v for v in domain if judge.is_valid(v)]
+                distinct = [
+                    v for i, v in enumerate(domain) if not any(json_equal(v, w) for w in domain[:i])
+                ]
+                arrangements = _arrangements(distinct, out.get("minItems", 0), out.get("maxItems"))
+        if arrangements is None:
+            self.a.refuse(
+                where,
+                "uniqueItems",
+                "'uniqueItems' can only be enforced over a small finite item domain",
+            )
+            return
+        others = sorted(ALL_TYPES - {"array"})
+        extra.append({"anyOf": [{"type": others}, {"enum": arrangements}]})
+
+    # -- unevaluated* ------------------------------------------------------------------------------
+    def _unevaluated(self, key: str, partner: str, s: dict, where: str, out: dict) -> None:
+        if _APPLICATORS.isdisjoint(s) and partner not in s:
+            out[partner] = self.a.node(s[key], where, None)
+            return
+        self.a.refuse(where, key, f"'{key}' next to applicators is not supported")
+
+
+def _within(s: dict) -> frozenset[str]:
+    """The types a node's own `type` keyword allows (all types when absent or malformed)."""
+    t = s.get("type")
+    names = [t] if isinstance(t, str) else t
+    if not isinstance(names, list) or not names or any(n not in TYPE_NAMES for n in names):
+        return ALL_TYPES
+    return types_of({"type": names})
+
+
+def _closed_context(s: dict) -> dict | bool:
+    """`s` as a key context when its own keywords close it (raw values, no rewrites needed)."""
+    props = s.get("properties")
+    if (
+        s.get("additionalProperties") is False
+        and isinstance(props, dict)
+        and "patternProperties" not in s
+    ):
+        return {"additionalProperties": False, "properties": props}
+    return True
+
+
+def _only_key(s: dict, key: str) -> bool:
+    """`s` has `key` and otherwise only annotations."""
+    return key in s and all(k == key or k in ANNOTATIONS for k in s)
+
+
+def _open_map(out: dict) -> bool:
+    add = out.get("additionalProperties", True)
+    return not out.get("patternProperties") and (add is True or add == {})
+
+
+def _arrangements(values: list, lo: int, hi: int | None) -> list | None:
+    hi = len(values) if hi is None else min(hi, len(values))
+    total, out = 0, []
+    for k in range(lo, hi + 1):
+        for perm in itertools.permutations(values, k):
+            total += 1
+            if total > _MAX_ARRANGEMENTS:
+                return None
+            out.append(list(perm))
+    return out

