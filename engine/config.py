@@ -19,6 +19,9 @@ class EngineConfig:
     - `prefix_cache`: reuse the KV of prefixes seen before (radix tree).
     - `jump_forward`: append the grammar's forced continuation as a draft in one extend step.
     - `max_draft_tokens`: longest jump-forward draft per step.
+    - `lookup_draft_tokens`: where the grammar forces nothing, draft up to this many tokens
+      that followed an earlier occurrence of the last few tokens (constrained requests with
+      jump-forward only; exact like every draft); 0 turns it off.
     - `num_threads`: torch intra-op threads; None (the default) resolves to the cores this
       process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
     - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
@@ -32,6 +35,7 @@ class EngineConfig:
     prefix_cache: bool = True
     jump_forward: bool = True
     max_draft_tokens: int = 16
+    lookup_draft_tokens: int = 8
     num_threads: int | None = None
     lpm_queue_limit: int = 128
 
@@ -41,6 +45,7 @@ class EngineConfig:
             ("max_num_seqs", self.max_num_seqs, 1),
             ("max_batched_tokens", self.max_batched_tokens, 2),
             ("max_draft_tokens", self.max_draft_tokens, 0),
+            ("lookup_draft_tokens", self.lookup_draft_tokens, 0),
             ("lpm_queue_limit", self.lpm_queue_limit, 0),
         )
         for name, value, low in checks:

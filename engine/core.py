@@ -152,7 +152,9 @@ class Sequence:
     admitted_at: int = field(default=-1, init=False)  # admission counter: newest is preempted
     draft: list[int] = field(default_factory=list, init=False)  # jump-forward tokens to verify
     draft_hint: Any = field(default=None, init=False)  # jump_forward.Boundary of the draft
+    draft_looked_up: bool = field(default=False, init=False)  # a lookup draft, not forced text
     num_forced: int = field(default=0, init=False)  # output tokens appended without a pass
+    lookup: Any = field(default=None, init=False)  # jump_forward.LookupIndex, made on first use
     forward_passes: int = field(default=0, init=False)
     detok: Any = field(default=None, init=False)  # detokenize.Detokenizer
     pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output

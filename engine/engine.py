@@ -22,7 +22,7 @@ from corral.engine.config import EngineConfig
 from corral.engine.constraints import MaskFiller, MaskJob
 from corral.engine.core import Completion, Output, RequestError, SamplingParams, Sequence
 from corral.engine.detokenize import Detokenizer
-from corral.engine.jump_forward import DraftHints, forced_token, make_draft
+from corral.engine.jump_forward import DraftHints, forced_token, lookup_draft, make_draft
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.postprocess import Postprocessor
 from corral.engine.sampling import RowSpec, sample_rows
@@ -216,9 +216,12 @@ class Engine:
         c["output_tokens"] += appended
         c["draft_tokens"] += len(draft)
         c["draft_accepted"] += accepted
+        if seq.draft_looked_up:
+            c["lookup_draft_tokens"] += len(draft)
+            c["lookup_draft_accepted"] += accepted
         c["jump_forward_tokens"] += accepted
         seq.num_computed += item.num_new - len(draft) + accepted
-        seq.draft, seq.draft_hint, seq.num_forced = [], None, 0
+        seq.draft, seq.draft_hint, seq.draft_looked_up, seq.num_forced = [], None, False, 0
         self.cache.truncate(seq)
 
     def _jump_forward(self, seq: Sequence) -> None:
@@ -240,7 +243,11 @@ class Engine:
         # The draft's last token is verified with one more sampled token after it, so leave
         # room for that one within max_tokens.
         limit = min(self.config.max_draft_tokens, seq.params.max_tokens - len(seq.output_ids) - 1)
-        return make_draft(seq, self.tokenizer, limit, self.hints)
+        draft = make_draft(seq, self.tokenizer, limit, self.hints)
+        if not draft and seq.output_ids:
+            draft = lookup_draft(seq, min(limit, self.config.lookup_draft_tokens))
+            seq.draft_looked_up = bool(draft)
+        return draft
 
     def _finish(self, seq: Sequence) -> None:
         self.cache.release(seq, keep=True)

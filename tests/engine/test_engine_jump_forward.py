@@ -168,3 +168,29 @@ def test_draft_hints_learn_where_the_model_splits_the_last_token(smollm2):
     for _ in range(3):  # the model now takes the whole token at the boundary: unlearn
         hints.observe(boundary, draft, key + [whole])
     assert hints.shape(key + [whole])[0] == key + [whole]
+
+
+def test_lookup_draft_follows_the_latest_earlier_occurrence(smollm2):
+    from corral.engine.core import Sequence
+    from corral.engine.jump_forward import LOOKUP_NGRAM, LookupIndex
+
+    tok = smollm2.tokenizer
+    text = '[{"a":1,"b":2},{"a":1,"b":3},{"a":1,"b":'
+    ids = tok.encode(text, add_special_tokens=False)
+    seq = Sequence("r", 0, ids[:5], SamplingParams(), seed=0)
+    index = LookupIndex()
+
+    def brute(all_ids: list[int], limit: int) -> list[int]:
+        n, tail = LOOKUP_NGRAM, all_ids[-LOOKUP_NGRAM:]
+        for end in range(len(all_ids) - 1, n - 1, -1):
+            if all_ids[end - n : end] == tail:
+                return all_ids[end : end + limit]
+        return []
+
+    hits = 0
+    for t in ids[5:]:  # the output grows one token at a time, the index follows
+        seq.output_ids.append(t)
+        got = index.draft(seq, 4)
+        assert got == brute(seq.all_ids(), 4)
+        hits += bool(got)
+    assert hits > 3  # the repeated objects were found

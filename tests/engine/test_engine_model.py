@@ -1,7 +1,8 @@
 """The engine's decoder against the `transformers` implementation, on tiny random checkpoints.
 
 Each checkpoint is a seeded random `transformers` model saved as safetensors and loaded by the
-engine's own loader. The reference is transformers' full forward over each whole sequence (no KV
+engine's own loader; the runner packs the matmul weights for oneDNN where it can ("-unpacked":
+the plain dense path). The reference is transformers' full forward over each whole sequence (no KV
 cache); the engine runs the same tokens as a ragged batch through its paged KV pool: prefill,
 decode steps (batched and single), prefill on top of a shared cached prefix, and a mixed batch.
 Tolerance: max |diff| <= 1e-4 on float32 logits of magnitude ~1-10 (observed ~1e-6).
@@ -16,6 +17,7 @@ import torch
 import transformers
 
 from corral.engine.kv_pool import KVPool
+from corral.engine.matmul import can_pack
 from corral.engine.model import rope_inv_freq
 from corral.engine.model_config import ModelConfig, RopeConfig, UnsupportedModelError
 from corral.engine.model_runner import ForwardBatch, ModelRunner
@@ -54,6 +56,7 @@ CASES = {
     ),
     "qwen2-qkv-bias": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**COMMON)),
 }
+CASES["llama-unpacked"] = CASES["llama"]
 
 
 def _save_random(cls, config, folder: Path) -> torch.nn.Module:
@@ -73,7 +76,8 @@ def pair(request, tmp_path_factory) -> tuple[ModelRunner, torch.nn.Module]:
     folder = tmp_path_factory.mktemp(request.param)
     ref = _save_random(cls, config, folder)
     cfg = ModelConfig.from_folder(folder)
-    runner = ModelRunner(load_weights_from_folder(folder, cfg, torch.float32, "cpu"))
+    model = load_weights_from_folder(folder, cfg, torch.float32, "cpu")
+    runner = ModelRunner(model, pack_weights=not request.param.endswith("-unpacked"))
     return runner, ref
 
 
@@ -243,3 +247,19 @@ def test_decode_rows_between_extends_share_one_padded_call(pair):
     logits = runner.forward(ForwardBatch.from_sequences(tails, kv), pool)
     want = [_reference(ref, s + t)[-1] for s, t in zip(seqs, tails, strict=True)]
     _close(logits, torch.stack(want))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_runner_packs_the_matmul_weights_and_frees_the_dense_ones(tmp_path, dtype):
+    if not can_pack(dtype, torch.device("cpu")):
+        pytest.skip(f"oneDNN weight packing is unavailable for {dtype} on this CPU/torch build")
+    _save_random(transformers.LlamaForCausalLM, transformers.LlamaConfig(**COMMON), tmp_path)
+    model = load_weights_from_folder(tmp_path, ModelConfig.from_folder(tmp_path), dtype, "cpu")
+    dense = {n for n, _ in model.named_parameters()}
+    runner = ModelRunner(model)
+    assert runner.model.packed and all(layer.qkv_weight.is_mkldnn for layer in model.layers)
+    left = {n for n, _ in model.named_parameters()}
+    assert not any(n.endswith(("qkv_weight", "down_weight")) for n in left) and left < dense
+    pool = runner.make_kv_pool(16)
+    logits = runner.forward(ForwardBatch.from_sequences([[1, 2, 3]], [pool.alloc(3)]), pool)
+    assert bool(torch.isfinite(logits).all())

