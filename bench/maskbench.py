@@ -59,9 +59,11 @@ def _worker(conn, engine: str, cache_dir: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from maskbench_engines import ENGINES, load_tokenizer, run_schema
+    from maskbench_engines import ENGINES, run_schema
 
-    tok = load_tokenizer()
+    from corral.grammar import TokenizerInfo
+
+    tok = TokenizerInfo.llama3()
     eng = ENGINES[engine.split("-")[0]](tok, cache_dir)
     conn.send("ready")
     while True:

@@ -26,10 +26,6 @@ class Refused(Exception):
     """The engine would not compile the schema (a compile error in the report)."""
 
 
-def load_tokenizer() -> TokenizerInfo:
-    return TokenizerInfo.llama3()
-
-
 class LLGuidanceEngine:
     name = "llguidance"
 

@@ -127,11 +127,19 @@ def make_draft(seq: Sequence, tokenizer, limit: int, hints: DraftHints | None = 
     elif hints is not None:
         draft, seq.draft_hint = hints.shape(draft)
         draft = draft[:limit]
-    ok = seq.matcher.accept_tokens(draft)
-    seq.matcher.rollback(ok)
+    ok = _accepted_prefix(seq, draft)
     if seq.draft_hint is not None and seq.draft_hint.pos >= ok:
         seq.draft_hint = None
     return draft[:ok]
+
+
+def _accepted_prefix(seq: Sequence, draft: list[int]) -> int:
+    """How many leading `draft` tokens `seq`'s matcher accepts; the matcher is left as it was."""
+    if seq.matcher is None or not draft:
+        return len(draft)
+    ok = seq.matcher.accept_tokens(draft)
+    seq.matcher.rollback(ok)
+    return ok
 
 
 class LookupIndex:
@@ -161,11 +169,7 @@ def lookup_draft(seq: Sequence, limit: int) -> list[int]:
     if seq.lookup is None:
         seq.lookup = LookupIndex()
     draft = seq.lookup.draft(seq, limit)
-    if seq.matcher is not None and draft:
-        ok = seq.matcher.accept_tokens(draft)
-        seq.matcher.rollback(ok)
-        draft = draft[:ok]
-    return draft
+    return draft[: _accepted_prefix(seq, draft)]
 
 
 def _tokenize_after(output: list[int], tokenizer, text: str) -> list[int]:
