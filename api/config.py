@@ -39,6 +39,16 @@ def parse_bytes(text: str) -> int:
     return size
 
 
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``), any case."""
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean; write true or false")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One configuration entry: field name, flag, environment variable, parser and help."""
@@ -69,6 +79,7 @@ class ServerConfig:
     queue_limit: int = 64
     cache_dir: str | None = None
     log_level: str = "info"
+    open_objects: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -120,4 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
             "converted models and compiled constraints (default ~/.cache/corral)"),
     Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,
             "debug, info, warning or error (default info)"),
+    Setting("open_objects", "--open-objects", "CORRAL_OPEN_OBJECTS", parse_bool,
+            "true: objects whose schema is silent about extra keys may get undeclared "
+            "properties; false (default): only the declared ones are generated"),
 )  # fmt: skip

@@ -20,6 +20,7 @@ from corral.api.protocol import (
 )
 from corral.api.responses import Unenforced
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
+from corral.grammar.schema_close import close_objects
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,31 @@ class FormatSpec:
     param: str
 
 
-def format_spec(fmt: ResponseFormat | None) -> FormatSpec | None:
-    """The constraint a ``response_format`` asks for; None for plain text. Raises a 400."""
+def wants_closed_objects(open_objects: bool | None, server_default_open: bool) -> bool:
+    """Whether a request's schemas get closed objects (see ``grammar.schema_close``)."""
+    return not (server_default_open if open_objects is None else open_objects)
+
+
+def format_spec(fmt: ResponseFormat | None, closed: bool = True) -> FormatSpec | None:
+    """The constraint a ``response_format`` asks for; None for plain text. Raises a 400.
+
+    ``closed``: generate only the declared properties of objects whose schema is silent about
+    extra keys (a narrowing: the output is still valid against the schema as sent)."""
     try:
-        return _format_spec(fmt)
+        return _format_spec(fmt, closed)
     except ConstraintError as e:
         raise constraint_error(e, _param(fmt)) from e
 
 
-def _format_spec(fmt: ResponseFormat | None) -> FormatSpec | None:
+def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
     if isinstance(fmt, JsonObjectFormat):
         return FormatSpec(ConstraintSpec.json_object(), "response_format")
     if isinstance(fmt, JsonSchemaResponseFormat):
         strict = fmt.json_schema.strict is not False  # absent means strict: fail closed
-        spec = ConstraintSpec.json_schema(fmt.json_schema.schema_, strict=strict)
+        schema = fmt.json_schema.schema_
+        spec = ConstraintSpec.json_schema(
+            close_objects(schema) if closed else schema, strict=strict
+        )
         return FormatSpec(spec, _param(fmt))
     if isinstance(fmt, RegexFormat):
         return FormatSpec(ConstraintSpec.regex(fmt.regex), _param(fmt))

@@ -198,6 +198,12 @@ class _Sampling(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    open_objects: bool | None = Field(
+        default=None,
+        description="Corral extension. false: an object whose schema declares properties and "
+        "is silent about extra keys gets only the declared ones (the output stays valid); "
+        "true: undeclared properties may be generated too; absent: the server's default",
+    )
 
     @field_validator("stop")
     @classmethod

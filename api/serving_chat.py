@@ -12,7 +12,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import ChoiceState, LogprobFormatter
-from corral.api.constraints import compile_or_400, constraint_error, format_spec, unenforced_report
+from corral.api.constraints import (
+    compile_or_400,
+    constraint_error,
+    format_spec,
+    unenforced_report,
+    wants_closed_objects,
+)
 from corral.api.engine_call import EngineCall, end_request, watch_disconnect
 from corral.api.errors import bad_request, error_event, status_of
 from corral.api.protocol import ChatCompletionRequest, TextFormat
@@ -49,8 +55,9 @@ class PreparedChat:
 async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> PreparedChat:
     """Everything that can fail as the client's mistake, done before any response starts."""
     check_model(state, req.model)
-    plan = plan_tools(req)
-    fmt = format_spec(req.response_format)
+    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
+    plan = plan_tools(req, closed)
+    fmt = format_spec(req.response_format, closed)
     if plan.mode == "auto" and fmt is not None:
         raise bad_request(
             "response_format other than text cannot be combined with tool_choice 'auto'; "

@@ -11,7 +11,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import LogprobFormatter
-from corral.api.constraints import compile_or_400, constraint_error, format_spec, unenforced_report
+from corral.api.constraints import (
+    compile_or_400,
+    constraint_error,
+    format_spec,
+    unenforced_report,
+    wants_closed_objects,
+)
 from corral.api.engine_call import EngineCall, end_request, merged, watch_disconnect
 from corral.api.errors import bad_request, error_event, status_of
 from corral.api.protocol import CompletionRequest
@@ -61,7 +67,8 @@ async def create_completion(
     arrival = time.monotonic()
     check_model(state, req.model)
     prompts = prompt_ids_list(state, req.prompt)
-    fmt = format_spec(req.response_format)
+    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
+    fmt = format_spec(req.response_format, closed)
     params = [sampling_params(state, req, len(p), req.max_tokens, req.stop_list()) for p in prompts]
     compiled, report = None, None
     if fmt is not None:

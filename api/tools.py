@@ -27,6 +27,7 @@ from corral.api.errors import ApiError, bad_request, constraint_error
 from corral.api.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 from corral.api.responses import FunctionCallOut, ToolCallOut, Unenforced, new_id
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat
+from corral.grammar.schema_close import close_objects
 
 TOOL_CALL_TAG = "<tool_call>"
 #: Tool-call JSON is laid out like ``json.dumps`` (", " and ": "), as in the prompt and history.
@@ -53,13 +54,16 @@ class ToolPlan:
         return self.mode != "none"
 
 
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
-    """The tool plan of a request; ``none`` when it has no tools. Raises a 400 ``ApiError``."""
+def plan_tools(req: ChatCompletionRequest, closed: bool = True) -> ToolPlan:
+    """The tool plan of a request; ``none`` when it has no tools. Raises a 400 ``ApiError``.
+
+    ``closed``: arguments get only the declared properties where a parameters schema is
+    silent about extra keys (see ``grammar.schema_close``)."""
     choice = req.tool_choice or ("auto" if req.tools else "none")
     if not req.tools or choice == "none":
         return ToolPlan("none", (), "", None)
     try:
-        return _plan(req, choice)
+        return _plan(req, choice, closed)
     except ConstraintError as e:
         raise tool_constraint_error(e, _in_play(req, choice), req.tools) from e
 
@@ -71,12 +75,12 @@ def _in_play(req: ChatCompletionRequest, choice: Any) -> tuple[Tool, ...]:
     return tools
 
 
-def _plan(req: ChatCompletionRequest, choice: Any) -> ToolPlan:
+def _plan(req: ChatCompletionRequest, choice: Any, closed: bool) -> ToolPlan:
     tools = _in_play(req, choice)
     # lenient only when every function in play asked for it (strict: false)
     strict = any(t.function.strict is not False for t in tools)
     parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
-    schema = calls_schema(tools, parallel)
+    schema = calls_schema(tools, parallel, closed)
     if choice == "auto":
         spec, unenforced = _auto_spec(schema, strict)
         return ToolPlan("auto", tools, "", spec, unenforced)
@@ -84,14 +88,16 @@ def _plan(req: ChatCompletionRequest, choice: Any) -> ToolPlan:
     return ToolPlan("required", tools, TOOL_CALL_TAG, spec)
 
 
-def calls_schema(tools: tuple[Tool, ...], parallel: bool) -> dict[str, Any]:
+def calls_schema(tools: tuple[Tool, ...], parallel: bool, closed: bool = True) -> dict[str, Any]:
     """The JSON schema of the call array: each item is one of the functions with its schema."""
     branches = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t.function.name},
-                "parameters": t.function.parameters,
+                "parameters": (
+                    close_objects(t.function.parameters) if closed else t.function.parameters
+                ),
             },
             "required": ["name", "parameters"],
             "additionalProperties": False,

@@ -14,6 +14,10 @@ Prints, for each figure, ours, the peer's (or the reference run's) and the ratio
    message asking for the function's arguments; the same requests, greedy, in both runs, and
    the outputs must be identical. A pass is counted once per sequence per model forward it
    takes part in (prefill chunks included), over all output tokens.
+
+Constrained figures compile each schema as the server does by default, with closed objects
+(README, "Closed objects"); `--open-objects` compiles them as given. Outputs that end with
+`stop` are checked against the schema as given.
 """
 
 from __future__ import annotations
@@ -25,14 +29,17 @@ import time
 from pathlib import Path
 
 import torch
+from jsonschema import Draft202012Validator
 
 from corral.engine import Engine, EngineConfig, SamplingParams, load_model
 from corral.engine.assets import resolve_model_folder
 from corral.engine.config import available_cores
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar.schema_close import close_objects
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run
+CLOSED_OBJECTS = True  # --open-objects turns it off, like the server's flag
 QUESTIONS = [
     "Explain how a bicycle works.",
     "Write a short poem about autumn leaves.",
@@ -109,8 +116,11 @@ def glaive_schemas(tokinfo, count: int) -> list[tuple[str, dict, object]]:
     out = []
     for path in (f for start in range(step) for f in files[start::step]):
         schema = json.loads(path.read_text())["schema"]
+        # what the server compiles by default: objects get only their declared properties
+        # (README, "Closed objects"); outputs are still judged by the schema as given
+        constrained = close_objects(schema) if CLOSED_OBJECTS else schema
         try:
-            compiled = compile_constraint(ConstraintSpec.json_schema(schema), tokinfo)
+            compiled = compile_constraint(ConstraintSpec.json_schema(constrained), tokinfo)
         except ConstraintError:
             continue
         out.append((path.stem.split("---", 1)[1].rsplit("_", 1)[0], schema, compiled))
@@ -177,19 +187,27 @@ def passes_per_token(model, prompts, constraints, max_tokens: int, **config):
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     out = eng.generate(prompts, params, constraints)
     eng.close()
-    return eng.stats(), [c[0].token_ids for c in out]
+    return eng.stats(), [c[0] for c in out]
 
 
 def jump_forward_figures(model, tok, schemas, max_tokens: int) -> None:
     prompts = [json_request(tok, name, schema) for name, schema, _ in schemas]
     constraints = [c for _, _, c in schemas]
-    off, ids_off = passes_per_token(model, prompts, constraints, max_tokens, jump_forward=False)
+    off, outs_off = passes_per_token(model, prompts, constraints, max_tokens, jump_forward=False)
+    stopped = [
+        (o, s) for o, (_, s, _) in zip(outs_off, schemas, strict=True) if o.finish_reason == "stop"
+    ]
+    valid = sum(_valid(o.text, s) for o, s in stopped)
+    print(
+        f"  {'closed' if CLOSED_OBJECTS else 'open'} objects: {len(stopped)}/{len(schemas)} "
+        f"outputs end with stop, {valid} of them valid against the schema as given"
+    )
     runs = (("grammar-forced drafts", 0), ("+ lookup drafts", EngineConfig.lookup_draft_tokens))
     for label, lookup in runs:
-        on, ids_on = passes_per_token(
+        on, outs_on = passes_per_token(
             model, prompts, constraints, max_tokens, jump_forward=True, lookup_draft_tokens=lookup
         )
-        same = sum(a == b for a, b in zip(ids_on, ids_off, strict=True))
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outs_on, outs_off, strict=True))
         row(
             f"passes / output token, JF {label}",
             on["forward_passes_per_output_token"],
@@ -205,6 +223,14 @@ def jump_forward_figures(model, tok, schemas, max_tokens: int) -> None:
             f"{on['lookup_draft_tokens']}), {on['forced_tokens']} forced tokens; identical "
             f"outputs {same}/{len(schemas)}"
         )
+
+
+def _valid(text: str, schema: dict) -> bool:
+    try:
+        instance = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return Draft202012Validator(schema).is_valid(instance)
 
 
 PARTS = ("throughput", "tpot", "ttft", "jump-forward")
@@ -254,7 +280,14 @@ def main() -> None:
     ap.add_argument(
         "--only", choices=PARTS, action="append", help="run only these figures (repeatable)"
     )
+    ap.add_argument(
+        "--open-objects",
+        action="store_true",
+        help="compile the schemas as given (the server's --open-objects true)",
+    )
     args = ap.parse_args()
+    global CLOSED_OBJECTS
+    CLOSED_OBJECTS = not args.open_objects
     parts = set(args.only or PARTS)
     torch.set_num_threads(args.threads)
     THREADS["num_threads"] = args.threads

@@ -68,7 +68,8 @@ class CorralEngine:
     def __init__(self, tok: TokenizerInfo, cache_dir: str | None) -> None:
         from corral.schema_cache import CacheConfig, CompileService
 
-        self.service = CompileService(tok, CacheConfig(root=cache_dir))
+        # configured as `corral serve` configures it: compile workers start with the service
+        self.service = CompileService(tok, CacheConfig(root=cache_dir, prestart_workers=True))
 
     def compile(self, schema: Any) -> Any:
         try:

@@ -135,9 +135,12 @@ class LLGuidanceMatcher(Matcher):
         self._eos_unrecorded = False
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
-        v = bitmask[row]
-        self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
-        self._check_health()
+        # Row address by arithmetic (int32 words, rows contiguous): indexing the tensor would
+        # cost more Python time than many of llguidance's masks take.
+        ptr = bitmask.data_ptr() + row * bitmask.stride(0) * 4
+        self._m.unsafe_compute_mask_ptr(ptr, bitmask.shape[1] * 4)
+        if self._m.is_error():  # e.g. the shared lexer hit its limit: this cursor is done
+            self._prototype.renew(self._source)
         return True
 
     def _check_health(self) -> None:

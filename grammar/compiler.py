@@ -24,7 +24,7 @@ def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledCons
         return _compile_ebnf(spec, tok)
     unenforced: tuple = ()
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
-        plan = analyze_schema(spec.schema(), lenient=not spec.strict)
+        plan = analyze_schema(spec.schema(), lenient=not spec.strict, source=spec.source or None)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
         unenforced, keyword = plan.unenforced, "schema"
     elif spec.kind is ConstraintKind.REGEX:

@@ -64,25 +64,31 @@ class SchemaPlan:
 
 
 def analyze_schema(
-    schema: dict | bool, *, lenient: bool = False, budget: int = 100_000
+    schema: dict | bool,
+    *,
+    lenient: bool = False,
+    budget: int = 100_000,
+    source: str | None = None,
 ) -> SchemaPlan:
     """Rewrite `schema` into an equivalent one llguidance enforces exactly.
 
-    Raises ConstraintError when the schema is invalid, when (strict mode) a keyword cannot be
-    enforced exactly, or when the analysis uses up `budget` steps.
+    `source`, when given, is `schema` as JSON text (a spec's source), read instead of
+    serialising the schema again. Raises ConstraintError when the schema is invalid, when
+    (strict mode) a keyword cannot be enforced exactly, or when the analysis uses up `budget`
+    steps.
     """
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
-    return _Analyzer(schema, lenient, budget).run()
+    return _Analyzer(schema, lenient, budget, source).run()
 
 
 class _Analyzer:
-    def __init__(self, root: dict | bool, lenient: bool, budget: int) -> None:
+    def __init__(self, root: dict | bool, lenient: bool, budget: int, source: str | None) -> None:
         self.root = root
         self.lenient = lenient
         self.budget = budget
         self.unenforced: list[Unenforced] = []
-        self.refs = RefTable(root)
+        self.refs = RefTable(root, source)
         self.defs: dict[str, Any] = {}
         self._def_names: dict[int, str] = {}
         self._pointer = ""

@@ -11,6 +11,7 @@ costs a crawl of the document, so it is only set up when needed.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -26,7 +27,8 @@ _SLOW_MARKERS = ('"$id"', '"$anchor"', '"$dynamicAnchor"', '"$recursiveAnchor"')
 class RefTable:
     """Resolves references of one document; `resolver` values are opaque scope handles."""
 
-    def __init__(self, root: dict | bool) -> None:
+    def __init__(self, root: dict | bool, text: str | None = None) -> None:
+        """`text`: the document as JSON, when the caller has it (saves serialising it again)."""
         self.root = root
         dialect = root.get("$schema", "") if isinstance(root, dict) else ""
         self._spec = referencing.jsonschema.specification_with(
@@ -34,7 +36,7 @@ class RefTable:
         )
         self._root_id = _root_id(root)
         self._registry: referencing.Registry | None = None
-        if isinstance(root, dict) and _needs_registry(root, dialect):
+        if isinstance(root, dict) and _needs_registry(root, dialect, text):
             resource = self._spec.create_resource(root)
             self._registry = referencing.Registry().with_resource(self._root_id, resource).crawl()
 
@@ -89,8 +91,9 @@ def _root_id(root: dict | bool) -> str:
     return rid.rstrip("#") if isinstance(rid, str) else ""
 
 
-def _needs_registry(root: dict, dialect: object) -> bool:
-    text = json.dumps(root)
+def _needs_registry(root: dict, dialect: object, text: str | None) -> bool:
+    if text is None:
+        text = json.dumps(root)
     if any(m in text for m in _SLOW_MARKERS[1:]):
         return True
     draft4 = isinstance(dialect, str) and "draft-04" in dialect
@@ -98,17 +101,12 @@ def _needs_registry(root: dict, dialect: object) -> bool:
     root_has_id = "$id" in root or (draft4 and "id" in root)
     if n_ids > (1 if root_has_id else 0):
         return True
-    return any(not r.startswith(("#", root.get("$id", "#") or "#")) for r in _refs(text))
+    local = ("#", root.get("$id", "#") or "#")
+    return any(not r.startswith(local) for r in _REF.findall(text))
 
 
-def _refs(text: str) -> list[str]:
-    out = []
-    start = text.find('"$ref": "')
-    while start >= 0:
-        end = text.find('"', start + 9)
-        out.append(text[start + 9 : end])
-        start = text.find('"$ref": "', end)
-    return out
+#: A `"$ref": "..."` member in JSON text, with any separator spacing.
+_REF = re.compile(r'"\$ref"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
 def _fragment(ref: str) -> str:

@@ -6,6 +6,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
@@ -67,9 +68,10 @@ class ConstraintSpec:
     strict: bool = True
     json_format: JsonFormat = field(default_factory=JsonFormat)
 
-    @property
+    @cached_property
     def digest(self) -> str:
-        """Hex sha256 over everything that changes what the constraint allows."""
+        """Hex sha256 over everything that changes what the constraint allows (computed once:
+        every request names its constraint by it)."""
         payload = json.dumps(
             [
                 SPEC_VERSION,

@@ -34,7 +34,9 @@ class CacheConfig:
     in process; larger ones (and EBNF grammars, which may reach xgrammar) go to a worker process.
     Worker processes start on first need (seconds: they load the tokenizer), or with the service
     when ``prestart_workers`` is set or ``isolation`` is ``process``; a worker's start-up never
-    counts against a compile's deadline.
+    counts against a compile's deadline. Disk writes happen behind the compile, once no miss
+    has been answered for ``write_quiet_s`` (so they do not slow the next compile or the first
+    mask), and at the latest ``write_max_delay_s`` after the compile; ``flush()`` writes at once.
     """
 
     root: Path = field(default_factory=default_root)  # None also means the default
@@ -48,6 +50,8 @@ class CacheConfig:
     worker_start_timeout_s: float = 120.0
     inline_max_source_bytes: int = 64 * 1024
     disk_rescan_interval_s: float = 60.0
+    write_quiet_s: float = 0.05
+    write_max_delay_s: float = 2.0
 
     def __post_init__(self) -> None:
         root = default_root() if self.root is None else Path(self.root).expanduser()
@@ -62,5 +66,7 @@ class CacheConfig:
             raise ValueError("compile_deadline_s must be > 0")
         if self.isolation not in ISOLATION_MODES:
             raise ValueError(f"isolation must be one of {ISOLATION_MODES}, not {self.isolation!r}")
+        if self.write_quiet_s < 0 or self.write_max_delay_s < 0:
+            raise ValueError("write_quiet_s and write_max_delay_s must be >= 0")
         if self.process_workers < 1:
             raise ValueError("process_workers must be >= 1")

@@ -56,6 +56,7 @@ class DiskStore:
         self, root: Path, max_bytes: int, stats: CacheStats, rescan_interval_s: float = 60.0
     ) -> None:
         self.root = Path(root)
+        self._base = str(self.root / f"v{STORE_VERSION}")
         self.max_bytes = max_bytes
         self._stats = stats
         self._rescan_interval_s = rescan_interval_s
@@ -67,29 +68,32 @@ class DiskStore:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def path_for(self, key: str, tokenizer_fingerprint: str) -> Path:
-        return (
-            self.root / f"v{STORE_VERSION}" / tokenizer_fingerprint[:16] / key[:2] / (key + SUFFIX)
-        )
+    def path_for(self, key: str, tokenizer_fingerprint: str) -> str:
+        """The entry's file (a plain string: this is on every miss's path, so no ``Path`` work)."""
+        return f"{self._base}/{tokenizer_fingerprint[:16]}/{key[:2]}/{key}{SUFFIX}"
 
-    # -- the hot path ---------------------------------------------------------------------------
-
-    def read(self, path: Path) -> bytes | None:
+    def read(self, path: str | Path) -> bytes | None:
         """The entry's bytes, or None when there is none; a hit refreshes its LRU time."""
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            fd = os.open(path, os.O_RDONLY)  # no buffered file object: misses are the hot path
         except OSError:
-            return None  # unreadable (permissions, I/O error): a miss, recompiled
+            return None  # absent, or unreadable (permissions, I/O error): a miss, recompiled
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
         try:
             os.utime(path)
         except OSError:
             pass  # evicted meanwhile, or a read-only cache: the hit still counts
         return data
 
-    def discard(self, path: Path) -> None:
+    def discard(self, path: str | Path) -> None:
         """Remove an entry found corrupt so that the recompiled one replaces it."""
         try:
             os.unlink(path)
@@ -98,8 +102,9 @@ class DiskStore:
 
     # -- writes and eviction -------------------------------------------------------------------
 
-    def write(self, path: Path, data: bytes) -> bool:
+    def write(self, path: str | Path, data: bytes) -> bool:
         """Store atomically; False when the entry exceeds the whole budget or the write failed."""
+        path = Path(path)
         if not self.enabled or len(data) > self.max_bytes:
             self._stats.inc("disk_write_skipped")
             return False

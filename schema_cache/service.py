@@ -32,7 +32,6 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from pathlib import Path
 from typing import NamedTuple
 
 from corral.grammar import (
@@ -85,10 +84,11 @@ class CompileService:
         # meanwhile: build it now, so that it never eats into the first compile's deadline.
         _ = tok.llguidance
         self._threads = DaemonThreads("corral-compile")
-        self._writes = SerialQueue("corral-cache-write")
+        self._writes = SerialQueue("corral-cache-write", gate=self._write_wait)
         atexit.register(_flush_at_exit, weakref.ref(self))
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
+        self._last_miss_done = 0.0  # time.monotonic() when the last miss was answered
         self._refusals = RefusalCache(self.config.failure_ttl_s, self.config.max_memory_entries)
         self._pool: WorkerPool | None = None
         if self.config.isolation == "process" or self.config.prestart_workers:
@@ -150,6 +150,7 @@ class CompileService:
         finally:
             with self._lock:
                 del self._inflight[key]
+                self._last_miss_done = time.monotonic()
 
     def stats(self) -> dict:
         """Counters (see ``stats.COUNTERS``), compile times, memory entries and disk bytes."""
@@ -207,7 +208,22 @@ class CompileService:
             self._writes.submit(self._store, path, compiled)
         return Lookup(compiled, "compiled")
 
-    def _store(self, path: Path, compiled: CompiledConstraint) -> None:
+    def _write_wait(self, submitted: float) -> float:
+        """Seconds a disk write submitted at ``submitted`` should still wait.
+
+        Writes are behind the compile, and also out of its way: on a small machine a write
+        running beside a compile (or beside the first mask its caller computes right after)
+        delays it, so a write waits until no miss is being answered and none was in the last
+        ``write_quiet_s``, but never past ``write_max_delay_s`` after it was submitted."""
+        now = time.monotonic()
+        left = submitted + self.config.write_max_delay_s - now
+        if left <= 0:
+            return 0.0
+        if self._inflight:
+            return min(left, self.config.write_quiet_s)
+        return min(left, self._last_miss_done + self.config.write_quiet_s - now)
+
+    def _store(self, path: str, compiled: CompiledConstraint) -> None:
         self.disk.write(path, compiled.to_bytes())
 
     def _compile_counted(self, spec: ConstraintSpec, key: str) -> CompiledConstraint:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -60,31 +62,69 @@ class SerialQueue:
 
     The cache writes entries to disk this way, so that a compile's caller never waits for the
     file system (nor for the occasional directory scan that eviction needs).
+
+    ``gate``, when given, is asked before each call with the call's submission time
+    (``time.monotonic()``) and answers how many seconds the call should still wait (0 or less:
+    run it now). A gated queue does not wake its thread on ``submit`` either: the thread looks
+    for work every ``poll_s`` seconds (backing off to 1 s while the queue stays empty), so that
+    a submit never hands the GIL to the writer while the caller still has work to do. ``flush``
+    overrides the gate: everything pending runs at once.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(
+        self, name: str, gate: Callable[[float], float] | None = None, poll_s: float = 0.05
+    ) -> None:
         self._name = name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._gate = gate
+        self._poll_s = poll_s
+        self._items: deque[tuple[float, Callable[..., Any], tuple]] = deque()
         self._cond = threading.Condition()
         self._pending = 0
+        self._flushing = 0
         self._thread: threading.Thread | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         with self._cond:
             self._pending += 1
+            self._items.append((time.monotonic(), fn, args))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-        self._queue.put((fn, args))
+            elif self._gate is None:
+                self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted call has run; False if ``timeout`` passed first."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            self._flushing += 1
+            self._cond.notify_all()
+            try:
+                return self._cond.wait_for(lambda: self._pending == 0, timeout)
+            finally:
+                self._flushing -= 1
+
+    def _next(self) -> tuple[Callable[..., Any], tuple]:
+        """The next call once it may run (called with the condition held)."""
+        idle_wait = self._poll_s
+        while True:
+            if not self._items:
+                if self._gate is None:
+                    self._cond.wait()
+                else:
+                    self._cond.wait(idle_wait)
+                    idle_wait = min(1.0, idle_wait * 2)
+                continue
+            idle_wait = self._poll_s
+            wait = 0.0 if self._gate is None or self._flushing else self._gate(self._items[0][0])
+            if wait <= 0:
+                _, fn, args = self._items.popleft()
+                return fn, args
+            self._cond.wait(min(wait, self._poll_s))  # the gate's answer may change sooner
 
     def _run(self) -> None:
         while True:
-            fn, args = self._queue.get()
+            with self._cond:
+                fn, args = self._next()
             try:
                 fn(*args)
             except Exception:  # a bug: report it, keep serving later calls

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from corral.api.config import SETTINGS, ServerConfig, parse_bytes
+from corral.api.config import SETTINGS, ServerConfig, parse_bool, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -42,6 +42,22 @@ def test_bad_environment_value_names_the_variable() -> None:
 def test_invalid_config_is_refused(kw: dict) -> None:
     with pytest.raises(ValueError):
         ServerConfig(**kw)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("true", True), ("1", True), ("Yes", True), ("on", True),
+     ("false", False), ("0", False), ("NO", False), ("off", False)],
+)  # fmt: skip
+def test_parse_bool(text: str, expected: bool) -> None:
+    assert parse_bool(text) is expected
+
+
+def test_open_objects_defaults_to_closed_and_reads_its_variable() -> None:
+    assert ServerConfig().open_objects is False
+    assert ServerConfig.from_sources({}, {"CORRAL_OPEN_OBJECTS": "true"}).open_objects is True
+    with pytest.raises(ValueError, match="CORRAL_OPEN_OBJECTS"):
+        ServerConfig.from_sources({}, {"CORRAL_OPEN_OBJECTS": "sometimes"})
 
 
 def test_empty_api_key_means_no_key() -> None:

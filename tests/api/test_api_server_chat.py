@@ -139,6 +139,46 @@ def test_extensions_constrain_the_output(server, fmt, check) -> None:
     assert r.choices[0].finish_reason == "stop" and check(text), text
 
 
+OPEN_PERSON = {  # says nothing about extra keys: JSON Schema allows any
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+    "required": ["name"],
+}
+
+
+def test_objects_get_only_their_declared_properties_by_default(server) -> None:
+    r = server.client().chat.completions.create(
+        model=server.model,
+        messages=ask("Describe a person as JSON with name, age, city, job and hobbies."),
+        max_tokens=60,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": OPEN_PERSON, "strict": True},
+        },
+    )
+    assert r.choices[0].finish_reason == "stop"
+    out = json.loads(r.choices[0].message.content)
+    jsonschema.validate(out, OPEN_PERSON, format_checker=FORMAT)
+    assert set(out) <= {"name", "age"}, out
+
+
+def test_open_objects_extension_is_accepted_and_output_stays_valid(server) -> None:
+    r = server.client().chat.completions.create(
+        model=server.model,
+        messages=ask("Describe a person as JSON."),
+        max_tokens=40,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": OPEN_PERSON},
+        },
+        extra_body={"open_objects": True},
+    )
+    if r.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(r.choices[0].message.content), OPEN_PERSON)
+
+
 def _assert_valid_calls(message, names: set[str]) -> None:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
     assert message.tool_calls and message.content is None

@@ -197,3 +197,21 @@ def test_invalid_arguments_in_history_are_a_400(smol_tokenizer) -> None:
     with pytest.raises(ApiError) as info:
         fmt.prompt_text(req, plan_tools(req))
     assert info.value.status == 400
+
+
+def test_parameters_are_closed_unless_the_request_opens_them() -> None:
+    from corral.api.constraints import wants_closed_objects
+
+    loose = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"q": {}}}},
+    }
+    req = request(tools=[loose], tool_choice="required")
+    closed = json.loads(plan_tools(req, closed=True).spec.source)
+    opened = json.loads(plan_tools(req, closed=False).spec.source)
+    assert closed["items"]["properties"]["parameters"]["additionalProperties"] is False
+    assert "additionalProperties" not in opened["items"]["properties"]["parameters"]
+    assert wants_closed_objects(None, server_default_open=False)
+    assert not wants_closed_objects(None, server_default_open=True)
+    assert not wants_closed_objects(True, server_default_open=False)
+    assert wants_closed_objects(False, server_default_open=True)

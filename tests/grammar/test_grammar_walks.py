@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat, compile_constraint
+from corral.grammar.schema_close import close_objects
 from corral.grammar.walk import accepts
 
 MAX_TOKENS = 300
@@ -32,12 +33,15 @@ def _validator(schema) -> Draft202012Validator:
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
-def _walk_schema(schema, fmt: JsonFormat, tok, rng: random.Random, walks: int) -> tuple[int, list]:
+def _walk_schema(
+    schema, fmt: JsonFormat, tok, rng: random.Random, walks: int, judged_by=None
+) -> tuple[int, list]:
     """Walk ``walks`` times; returns how many walks terminated and the problems found (text
-    that is not JSON, or that the judge refuses, or laid out other than ``fmt`` says)."""
+    that is not JSON, or that the judge refuses, or laid out other than ``fmt`` says).
+    ``judged_by``: the schema the output must satisfy, when it is not ``schema`` itself."""
     c = compile_constraint(ConstraintSpec.json_schema(schema, json_format=fmt), tok)
     table = TokenTable.cached(tok)
-    judge = _validator(schema)
+    judge = _validator(schema if judged_by is None else judged_by)
     done, problems = 0, []
     for _ in range(walks):
         w = steered_walk(c.matcher(), table, rng, max_tokens=MAX_TOKENS, end_bias=0.9, steer=0.7)
@@ -257,6 +261,60 @@ def test_generated_schemas_mostly_compile_and_terminate():
     print(f"generated schemas: {_STATS}")
     assert _STATS["refused"] <= 0.1 * _STATS["schemas"]
     assert _STATS["terminated"] >= 0.8 * _STATS["walks"]
+
+
+_CLOSED_STATS = {"schemas": 0, "walks": 0, "terminated": 0}
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(schema=schemas(), layout=st.sampled_from(LAYOUTS))
+def test_closed_objects_only_narrow_generated_schemas(schema, layout, llama3_tokenizer):
+    """Walks through the closed form are valid against the schema as given, and closing never
+    turns a schema Corral compiles into one it refuses."""
+    rng = random.Random(json.dumps(schema, sort_keys=True))
+    try:
+        compile_constraint(ConstraintSpec.json_schema(schema, json_format=layout), llama3_tokenizer)
+    except ConstraintError:
+        return
+    closed = close_objects(schema)
+    done, problems = _walk_schema(closed, layout, llama3_tokenizer, rng, WALKS, judged_by=schema)
+    assert not problems, f"closed {json.dumps(closed)}: {problems[0]}"
+    _CLOSED_STATS["schemas"] += 1
+    _CLOSED_STATS["walks"] += WALKS
+    _CLOSED_STATS["terminated"] += done
+
+
+def test_closed_generated_schemas_terminate():
+    if not _CLOSED_STATS["schemas"]:
+        pytest.skip("runs after test_closed_objects_only_narrow_generated_schemas")
+    print(f"closed generated schemas: {_CLOSED_STATS}")
+    assert _CLOSED_STATS["terminated"] >= 0.8 * _CLOSED_STATS["walks"]
+
+
+def test_closed_objects_only_narrow_maskbench_schemas(maskbench_sample, llama3_tokenizer):
+    walked = changed = done = 0
+    problems = {}
+    for name, schema in maskbench_sample[:40]:
+        closed = close_objects(schema)
+        changed += closed != schema
+        try:
+            compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+        except ConstraintError:
+            continue
+        rng = random.Random(name)
+        d, found = _walk_schema(closed, JsonFormat(), llama3_tokenizer, rng, WALKS, schema)
+        walked, done = walked + 1, done + d
+        if found:
+            problems[name] = found
+    print(f"maskbench closed: {walked} walked, {changed} changed by closing, {done} terminated")
+    assert not problems, "\n".join(f"{n}: {p[0]}" for n, p in problems.items())
+    assert changed >= 10 and done >= 0.8 * walked * WALKS
 
 
 def test_min_properties_is_not_met_by_repeating_a_key(llama3_tokenizer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from schema_cache_child import JSON_SCHEMA, JSON_VALID, specs
@@ -136,7 +137,7 @@ def test_eviction_removes_the_least_recently_used_first(make_service, cache_root
     budget = max(_entry_sizes(llama3_tokenizer, specs_)) * 10
     writer = make_service(max_disk_bytes=budget)
     fp = llama3_tokenizer.fingerprint
-    paths = [writer.disk.path_for(entry_key(s.digest, fp), fp) for s in specs_]
+    paths = [Path(writer.disk.path_for(entry_key(s.digest, fp), fp)) for s in specs_]
     for i, spec in enumerate(specs_[:8]):
         writer.get_or_compile(spec)
         writer.flush()
@@ -183,3 +184,13 @@ def test_temp_files_of_dead_writers_are_swept(make_service, cache_root):
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
     service.disk.usage()  # a scan, as eviction and `corral cache stats` do
     assert not stale.exists() and young.exists()
+
+
+def test_entries_reach_the_disk_without_a_flush_once_compiles_go_quiet(make_service, cache_root):
+    service = make_service(write_quiet_s=0.05, write_max_delay_s=0.5)
+    for spec in regex_specs(3, tag="quiet"):
+        service.get_or_compile(spec)
+    deadline = time.monotonic() + 5
+    while len(entry_files(cache_root)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(entry_files(cache_root)) == 3
