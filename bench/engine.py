@@ -6,7 +6,9 @@
 
 Prints, for each figure, ours, the peer's (or the reference run's) and the ratio:
 1. throughput (output tokens/s, greedy, fixed output length) at batch 1, 8 and 32 vs HF;
-2. constrained TPOT vs unconstrained TPOT at batch 8 (Glaiveai2K schemas);
+2. constrained TPOT vs unconstrained TPOT at batch 8 (Glaiveai2K schemas; the unconstrained run
+   gives each prompt as many tokens as its constrained run produced, so both runs have the
+   same batch shape step by step);
 3. TTFT with a 1,000-token shared prefix: prefix-cache hit vs miss;
 4. forward passes per output token with jump-forward vs without, on 50 Glaiveai2K schemas
    spread evenly over the subset. Each request is a realistic chat request for JSON: a
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,7 +42,8 @@ from corral.grammar.schema_close import close_objects
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run
-CLOSED_OBJECTS = True  # --open-objects turns it off, like the server's flag
+CLOSED_OBJECTS = True
+TPOT_REPEATS = 3  # --open-objects turns it off, like the server's flag
 QUESTIONS = [
     "Explain how a bicycle works.",
     "Write a short poem about autumn leaves.",
@@ -141,10 +145,13 @@ def json_request(tok, name: str, schema: dict) -> list[int]:
     return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
-def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> float:
-    """Mean time per output token after the first, over the batch's sequences."""
+def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> tuple[float, list[int]]:
+    """(mean time per output token after the first, over the batch's sequences; the number of
+    tokens each sequence produced). ``params``: one SamplingParams per prompt."""
     eng = Engine(model, EngineConfig(jump_forward=jump_forward, **THREADS))
-    rids = [eng.add_request(p, params, c) for p, c in zip(prompts, constraints, strict=True)]
+    rids = [
+        eng.add_request(p, sp, c) for p, sp, c in zip(prompts, params, constraints, strict=True)
+    ]
     first, last, count = {}, {}, dict.fromkeys(rids, 0)
     while eng.has_unfinished():
         outs = eng.step()
@@ -156,7 +163,7 @@ def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> floa
                 count[o.request_id] += len(o.token_ids)
     eng.close()
     per = [(last[r] - first[r]) / (count[r] - 1) for r in rids if count[r] > 1]
-    return sum(per) / len(per)
+    return sum(per) / len(per), [count[r] for r in rids]
 
 
 # ---- 3. TTFT hit vs miss ----------------------------------------------------------------------
@@ -249,14 +256,25 @@ def throughput_figures(model, tok, new_tokens: int) -> None:
 
 
 def tpot_figures(model, tok, tokinfo, new_tokens: int) -> None:
+    """Constrained vs unconstrained TPOT on the same batch shape: a constrained sequence stops
+    when its JSON is complete, so the unconstrained run gives each prompt exactly as many tokens
+    (ignore_eos) as its constrained run produced; what differs is only the constraint's work."""
     eight = glaive_schemas(tokinfo, 8)
     prompts = [json_request(tok, name, schema) for name, schema, _ in eight]
     constraints = [c for *_, c in eight]
-    params = SamplingParams(max_tokens=new_tokens * 2, temperature=0)
-    free_params = SamplingParams(max_tokens=new_tokens * 2, temperature=0, ignore_eos=True)
-    free = tpot(model, prompts, free_params, [None] * 8)
-    cons = tpot(model, prompts, params, constraints, jump_forward=False)
-    cons_jf = tpot(model, prompts, params, constraints, jump_forward=True)
+    params = [SamplingParams(max_tokens=new_tokens * 2, temperature=0)] * 8
+    _, lengths = tpot(model, prompts, params, constraints, jump_forward=False)  # also a warm-up
+    free_params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    runs: dict[str, list[float]] = {"free": [], "cons": [], "cons_jf": []}
+    for _ in range(TPOT_REPEATS):  # interleaved, so that drift on a shared box hits all three
+        runs["free"].append(tpot(model, prompts, free_params, [None] * 8)[0])
+        runs["cons"].append(tpot(model, prompts, params, constraints, jump_forward=False)[0])
+        runs["cons_jf"].append(tpot(model, prompts, params, constraints, jump_forward=True)[0])
+    free, cons, cons_jf = (statistics.median(runs[k]) for k in ("free", "cons", "cons_jf"))
+    print(
+        f"  output lengths (tokens): {lengths}; medians of {TPOT_REPEATS} interleaved runs; "
+        f"ratios per run: {[round(c / f, 3) for c, f in zip(runs['cons'], runs['free'], strict=True)]}"
+    )
     row("TPOT batch 8, constrained, no JF (ms)", cons * 1e3, free * 1e3, "ms", "unconstr.")
     row("TPOT batch 8, constrained + JF (ms)", cons_jf * 1e3, free * 1e3, "ms", "unconstr.")
 
