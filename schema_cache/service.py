@@ -31,6 +31,7 @@ import hashlib
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
@@ -84,7 +85,7 @@ class CompileService:
         # meanwhile: build it now, so that it never eats into the first compile's deadline.
         _ = tok.llguidance
         self._threads = DaemonThreads("corral-compile")
-        self._writes = SerialQueue("corral-cache-write", gate=self._write_wait)
+        self._writes = SerialQueue("corral-cache-write", gate=_weak_gate(self._write_wait))
         atexit.register(_flush_at_exit, weakref.ref(self))
         self._lock = threading.Lock()
         self._inflight: dict[str, Future] = {}
@@ -303,6 +304,17 @@ class CompileService:
                     self.config.worker_start_timeout_s,
                 )
             return self._pool
+
+
+def _weak_gate(method: Callable[[float], float]) -> Callable[[float], float]:
+    """The writer's gate without a strong reference: its thread outlives the service."""
+    ref = weakref.WeakMethod(method)
+
+    def gate(submitted: float) -> float:
+        live = ref()
+        return live(submitted) if live is not None else 0.0
+
+    return gate
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

@@ -53,3 +53,19 @@ def test_an_ungated_queue_runs_at_once():
     done = threading.Event()
     q.submit(done.set)
     assert done.wait(timeout=2)
+
+
+def test_the_writer_thread_does_not_keep_its_service_alive(llama3_tokenizer, tmp_path):
+    import gc
+    import weakref
+
+    from corral.grammar import ConstraintSpec
+    from corral.schema_cache import CacheConfig, CompileService
+
+    service = CompileService(llama3_tokenizer, CacheConfig(root=tmp_path))
+    service.get_or_compile(ConstraintSpec.regex("ab+c"))
+    service.close()
+    ref = weakref.ref(service)
+    del service
+    gc.collect()
+    assert ref() is None
