@@ -89,3 +89,57 @@ def test_closed_grammar_refuses_undeclared_keys_and_keeps_declared_ones(llama3_t
 def test_boolean_and_non_object_schemas_pass_through():
     for schema in (True, False, {"type": "string"}, {"items": {"type": "integer"}}):
         assert close_objects(copy.deepcopy(schema)) == schema
+
+
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+def test_a_definition_used_only_through_plain_aliases_is_closed():
+    schema = {
+        "$defs": {"Address": ADDRESS},
+        "type": "object",
+        "properties": {
+            "home": {"$ref": "#/$defs/Address"},
+            "work": {"$ref": "#/$defs/Address", "description": "office"},
+            "past": {"type": "array", "items": {"$ref": "#/$defs/Address"}},
+        },
+    }
+    closed = close_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["$defs"]["Address"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema["$defs"]["Address"], "the input is not modified"
+    draft4 = {"$ref": "#/definitions/M", "definitions": {"M": ADDRESS}}
+    assert close_objects(draft4)["definitions"]["M"]["additionalProperties"] is False
+
+
+def test_a_definition_also_used_from_a_conjunctive_context_stays_open():
+    schema = {
+        "$defs": {"Address": ADDRESS},
+        "type": "object",
+        "properties": {
+            "home": {"$ref": "#/$defs/Address"},
+            "not_there": {"not": {"$ref": "#/$defs/Address"}},
+        },
+    }
+    closed = close_objects(schema)
+    assert closed["$defs"]["Address"] == ADDRESS
+    assert closed["additionalProperties"] is False  # the root itself is still plain
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # `not` of the whole document: closing the root would change what it excludes
+        {"properties": {"a": {}, "b": {"not": {"$ref": "#"}}}},
+        {"properties": {"a": ADDRESS, "b": {"not": {"$ref": "#/properties/a"}}}},
+        {"properties": {"a": {"$id": "http://example.com/a", "properties": {"x": {}}}}},
+        {"properties": {"a": {"$dynamicRef": "#node"}}},
+    ],
+)
+def test_references_that_could_see_a_closed_node_leave_the_schema_alone(schema):
+    assert close_objects(schema) == schema
+
+
+def test_a_false_property_does_not_count_towards_min_properties():
+    schema = {"properties": {"a": False, "b": {}}, "minProperties": 2}
+    assert close_objects(schema) == schema
