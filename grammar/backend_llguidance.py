@@ -139,8 +139,7 @@ class LLGuidanceMatcher(Matcher):
         # cost more Python time than many of llguidance's masks take.
         ptr = bitmask.data_ptr() + row * bitmask.stride(0) * 4
         self._m.unsafe_compute_mask_ptr(ptr, bitmask.shape[1] * 4)
-        if self._m.is_error():  # e.g. the shared lexer hit its limit: this cursor is done
-            self._prototype.renew(self._source)
+        self._check_health()
         return True
 
     def _check_health(self) -> None:

@@ -85,21 +85,26 @@ def close_objects(schema: Any) -> Any:
     refs = _references(schema)
     if refs is None:
         return schema  # references that may not mean what a plain walk assumes: leave it all
-    defs = {r: schema[kind][name] for r in refs for kind, name in [_def_key(r)]}
-    closable = set(defs)
-    while True:  # the definitions whose every use is a plain alias, to a fixed point
-        plain: Counter = Counter()
-        _Closer(plain).close(schema)
-        for r in closable:
-            _Closer(plain).close(defs[r])
+    # One walk each for the root and every definition: the closed form, and the aliases met in
+    # plain positions. A definition is closed when all its references come from the root or
+    # from definitions that are closed themselves (a fixed point over those counts).
+    root_uses: Counter = Counter()
+    out = dict(_Closer(root_uses).close(schema))
+    bodies, uses = {}, {}
+    for r in refs:
+        kind, name = _def_key(r)
+        uses[r] = Counter()
+        bodies[r] = _Closer(uses[r]).close(schema[kind][name])
+    closable = set(refs)
+    while True:
+        plain = sum((uses[r] for r in closable), root_uses)
         keep = {r for r in closable if plain[r] == refs[r]}
         if keep == closable:
             break
         closable = keep
-    out = dict(_Closer(Counter()).close(schema))
     for r in sorted(closable):
         kind, name = _def_key(r)
-        out[kind] = {**out[kind], name: _Closer(Counter()).close(defs[r])}
+        out[kind] = {**out[kind], name: bodies[r]}
     return out
 
 

@@ -146,17 +146,22 @@ OPEN_PERSON = {  # says nothing about extra keys: JSON Schema allows any
 }
 
 
-def test_objects_get_only_their_declared_properties_by_default(server) -> None:
-    r = server.client().chat.completions.create(
+def _open_person(server, text: str, max_tokens: int, **extra):
+    return server.client().chat.completions.create(
         model=server.model,
-        messages=ask("Describe a person as JSON with name, age, city, job and hobbies."),
-        max_tokens=60,
+        messages=ask(text),
+        max_tokens=max_tokens,
         temperature=0,
         response_format={
             "type": "json_schema",
             "json_schema": {"name": "person", "schema": OPEN_PERSON, "strict": True},
         },
+        **extra,
     )
+
+
+def test_objects_get_only_their_declared_properties_by_default(server) -> None:
+    r = _open_person(server, "Describe a person as JSON with name, age, city, job and hobbies.", 60)
     assert r.choices[0].finish_reason == "stop"
     out = json.loads(r.choices[0].message.content)
     jsonschema.validate(out, OPEN_PERSON, format_checker=FORMAT)
@@ -164,17 +169,7 @@ def test_objects_get_only_their_declared_properties_by_default(server) -> None:
 
 
 def test_open_objects_extension_is_accepted_and_output_stays_valid(server) -> None:
-    r = server.client().chat.completions.create(
-        model=server.model,
-        messages=ask("Describe a person as JSON."),
-        max_tokens=40,
-        temperature=0,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": OPEN_PERSON},
-        },
-        extra_body={"open_objects": True},
-    )
+    r = _open_person(server, "Describe a person as JSON.", 40, extra_body={"open_objects": True})
     if r.choices[0].finish_reason == "stop":
         jsonschema.validate(json.loads(r.choices[0].message.content), OPEN_PERSON)
 
