@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""How fast can an exact mask be here? The ceilings of the routes open to Corral, measured.
+
+MaskBench asks Corral for a mask p50 within 1.5x of raw xgrammar's. Every Corral mask comes from
+llguidance, the only backend that is exact; xgrammar precomputes masks per grammar position and
+is faster, but not exact. This bench measures, on one stratified MaskBench sample, what each way
+of closing that gap could give at best:
+
+- Corral's own masks by where the position is in the JSON text: inside a value string after some
+  content (llguidance reuses the mask of an unchanged lexer state there), the first position of a
+  value string, inside a key, and between tokens (structure, numbers, literals);
+- the pooled p50 if xgrammar's masks were served (a) for the schemas whose keywords xgrammar is
+  taken to enforce exactly (``XGRAMMAR_EXACT``), (b) for every schema whose MaskBench instances
+  xgrammar judged correctly (an optimistic bound: that is no proof of exactness, and xgrammar has
+  false accepts on other schemas), each with and without a per-mask filter cost, and choosing per
+  schema whichever engine is faster (an oracle: no policy knows that in advance);
+- how long xgrammar's stored form takes to load (what a warm process would wait for).
+
+    python bench/mask_ceiling.py --sample 200
+
+Corral runs in this process (cold cache); xgrammar runs in a worker process with a time limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from maskbench import DEFAULT_CORPUS, Worker, stratified_sample  # noqa: E402
+from maskbench_engines import LAYOUT, CorralEngine, Refused  # noqa: E402
+
+from corral.grammar import TokenizerInfo  # noqa: E402
+from corral.grammar import backend_xgrammar as xgr  # noqa: E402
+from corral.grammar.schema_facts import ANNOTATIONS  # noqa: E402
+from corral.grammar.walk import accepts  # noqa: E402
+
+#: Keywords taken to be enforced exactly by xgrammar (with a filter for its string bugs, see
+#: FUZZING.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
+XGRAMMAR_EXACT = ANNOTATIONS | {
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "$ref",
+}
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMAS = ("additionalProperties", "items")
+CONTEXTS = ("string, after content", "string, first position", "key", "between tokens")
+
+
+def xgrammar_exact(schema: object) -> bool:
+    """Whether every keyword in ``schema`` is in XGRAMMAR_EXACT (and every ``$ref`` is local)."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict):
+        return False
+    for key, value in schema.items():
+        if key not in XGRAMMAR_EXACT:
+            return False
+        if key in _SUBSCHEMA_MAPS:
+            subs = value.values() if isinstance(value, dict) else [None]
+        elif key in _SUBSCHEMAS:
+            subs = [value]
+        elif key == "anyOf":
+            subs = value if isinstance(value, list) else [None]
+        else:
+            subs = []
+            if key == "$ref" and not str(value).startswith("#"):
+                return False
+        if not all(xgrammar_exact(s) for s in subs):
+            return False
+    return True
+
+
+def contexts(token_texts: list[str]) -> list[str]:
+    """For each token, where in the JSON text the mask before it is computed."""
+    out, in_string, escaped, is_key, fresh, stack, last = [], False, False, False, False, [], ""
+    for text in token_texts:
+        if in_string:
+            out.append("key" if is_key else CONTEXTS[1] if fresh else CONTEXTS[0])
+        else:
+            out.append(CONTEXTS[3])
+        for ch in text:
+            if in_string:
+                fresh = False
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+                continue
+            if ch == '"':
+                in_string, fresh = True, True
+                is_key = bool(stack) and stack[-1] == "{" and last in "{,"
+            elif ch in "{[":
+                stack.append(ch)
+            elif ch in "}]" and stack:
+                stack.pop()
+            if not ch.isspace():
+                last = ch
+    return out
+
+
+def walk_corral(engine: CorralEngine, tok: TokenizerInfo, doc: dict, bitmask) -> tuple:
+    """Corral's mask times over every test instance, with each position's context."""
+    handle = engine.compile(doc["schema"])
+    times: list[float] = []
+    walks = []  # (token ids, masks measured): contexts are worked out after the timed walks
+    for t in doc.get("tests", []):
+        ids = tok.encode(json.dumps(t["data"], ensure_ascii=False))
+        before = len(times)
+        accepts(engine.matcher(handle), ids, bitmask, times)
+        walks.append((ids, len(times) - before))
+    where: list[str] = []
+    for ids, n in walks:
+        where += contexts([tok.hf_tokenizer.decode([i]) for i in ids[:n]])
+    return times, where
+
+
+def pooled(parts: list[list[float]]) -> float:
+    return float(np.percentile(np.concatenate([np.asarray(p) for p in parts]), 50))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    p.add_argument("--sample", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per xgrammar schema")
+    p.add_argument("--filter-us", type=float, default=1.5, help="cost of a soundness filter")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    files = stratified_sample(sorted(args.corpus.glob("*.json")), args.sample, args.seed)
+    tok = TokenizerInfo.llama3()
+    corral = CorralEngine(tok, tempfile.mkdtemp(prefix="corral-ceiling-"))
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    # Corral first, all schemas in a row (as in MaskBench's worker: its data stays in the CPU's
+    # caches), then xgrammar in its worker process.
+    walked = []  # (path, Corral times, contexts, whitelisted)
+    t0 = time.time()
+    for n, path in enumerate(files, 1):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            c_times, where = walk_corral(corral, tok, doc, bitmask)
+        except Refused:
+            continue
+        if c_times:  # a file without test instances has nothing to compare
+            walked.append((path, c_times, where, xgrammar_exact(doc["schema"])))
+        if n % 200 == 0:
+            print(f"  [{time.time() - t0:5.0f}s] corral {n}/{len(files)}", flush=True)
+    rows = []  # (Corral times, contexts, xgrammar times or None, whitelisted, xgrammar ttfm, path)
+    xgrammar = Worker("xgrammar", "")
+    for n, (path, c_times, where, exact) in enumerate(walked, 1):
+        x = xgrammar.run(path, args.timeout)
+        x_times = None
+        clean = x.get("status") == "ok" and not x["false_accept"] and not x["false_reject"]
+        if clean and len(x["masks_us"]) == len(c_times):  # the same positions were measured
+            x_times = x["masks_us"]
+        rows.append((c_times, where, x_times, exact, x.get("ttfm_ms"), path))
+        if n % 200 == 0:
+            print(f"  [{time.time() - t0:5.0f}s] xgrammar {n}/{len(walked)}", flush=True)
+    xgrammar.close()
+
+    c_all = np.concatenate([r[0] for r in rows])
+    w_all = np.concatenate([r[1] for r in rows])
+    x_all = [r[2] for r in rows if r[2] is not None]
+    x_p50 = pooled(x_all)
+    bar = 1.5 * x_p50
+    print(
+        f"\n{len(rows)} schemas Corral compiles, {len(c_all)} mask positions, {time.time() - t0:.0f} s"
+    )
+    print(
+        f"Corral mask p50 {np.percentile(c_all, 50):.1f} us; xgrammar p50 {x_p50:.1f} us over "
+        f"the {len(x_all)} schemas it judged correctly; bar 1.5x = {bar:.1f} us\n"
+    )
+    print(f"{'Corral, by position':28} {'share':>6} {'p25':>6} {'p50':>6} {'p75':>6}")
+    for c in CONTEXTS:
+        sel = c_all[w_all == c]
+        q = np.percentile(sel, [25, 50, 75]) if len(sel) else [float("nan")] * 3
+        print(f"{c:28} {len(sel) / len(c_all):6.1%} {q[0]:6.1f} {q[1]:6.1f} {q[2]:6.1f}")
+
+    print(
+        f"\n{'pooled mask p50 if xgrammar served':44} {'positions':>9} {'+0 us':>6} "
+        f"{f'+{args.filter_us:g} us':>7} {'best-of':>8}"
+    )
+    for label, use in (
+        ("schemas in XGRAMMAR_EXACT", lambda r: r[3]),
+        ("every schema it judged correctly (unsound)", lambda r: True),
+    ):
+        served = [r for r in rows if r[2] is not None and use(r)]
+        share = sum(len(r[0]) for r in served) / len(c_all)
+        figures = []
+        for extra in (0.0, args.filter_us):
+            figures.append(
+                pooled(
+                    [
+                        np.asarray(r[2]) + extra if any(r is s for s in served) else r[0]
+                        for r in rows
+                    ]
+                )
+            )
+        best = pooled(
+            [
+                np.asarray(r[2]) + args.filter_us
+                if any(r is s for s in served)
+                and np.median(r[2]) + args.filter_us < np.median(r[0])
+                else r[0]
+                for r in rows
+            ]
+        )
+        print(f"{label:44} {share:9.1%} {figures[0]:6.1f} {figures[1]:7.1f} {best:8.1f}")
+
+    loads = []
+    # in this process: only schemas whose xgrammar compile took under a second in the worker
+    for r in rows:
+        if len(loads) >= 60:
+            break
+        if not r[3] or r[4] is None or r[4] > 1000:
+            continue
+        doc = json.loads(r[5].read_text(encoding="utf-8"))
+        try:
+            blob = xgr.serialize(xgr.compile_schema(doc["schema"], LAYOUT, tok))
+        except Exception:  # noqa: BLE001 - refused by xgrammar: nothing to load
+            continue
+        s = time.perf_counter()
+        xgr.deserialize(blob, tok)
+        loads.append(((time.perf_counter() - s) * 1e3, len(blob)))
+    if loads:
+        ms, size = np.array(loads).T
+        print(
+            f"\nxgrammar stored form, {len(loads)} XGRAMMAR_EXACT schemas: load p50 "
+            f"{np.percentile(ms, 50):.2f} ms, p90 {np.percentile(ms, 90):.2f} ms; "
+            f"size p50 {np.percentile(size, 50) / 1e3:.0f} kB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
