@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,7 +60,25 @@ XGRAMMAR_EXACT = ANNOTATIONS | {
 }
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMAS = ("additionalProperties", "items")
-CONTEXTS = ("string, after content", "string, first position", "key", "between tokens")
+IN_STRING, STRING_START, KEY, BETWEEN = (
+    "string, after content",
+    "string, first position",
+    "key",
+    "between tokens",
+)
+CONTEXTS = (IN_STRING, STRING_START, KEY, BETWEEN)
+
+
+class Row(NamedTuple):
+    """One schema both engines walked: Corral's mask times (with each position's context) and
+    xgrammar's, when it judged every instance correctly over the same positions."""
+
+    path: Path
+    corral_us: list[float]
+    where: list[str]
+    xgrammar_us: list[float] | None
+    whitelisted: bool
+    xgrammar_ttfm_ms: float | None
 
 
 def xgrammar_exact(schema: object) -> bool:
@@ -91,9 +110,9 @@ def contexts(token_texts: list[str]) -> list[str]:
     out, in_string, escaped, is_key, fresh, stack, last = [], False, False, False, False, [], ""
     for text in token_texts:
         if in_string:
-            out.append("key" if is_key else CONTEXTS[1] if fresh else CONTEXTS[0])
+            out.append(KEY if is_key else STRING_START if fresh else IN_STRING)
         else:
-            out.append(CONTEXTS[3])
+            out.append(BETWEEN)
         for ch in text:
             if in_string:
                 fresh = False
@@ -132,8 +151,106 @@ def walk_corral(engine: CorralEngine, tok: TokenizerInfo, doc: dict, bitmask) ->
     return times, where
 
 
-def pooled(parts: list[list[float]]) -> float:
-    return float(np.percentile(np.concatenate([np.asarray(p) for p in parts]), 50))
+def pooled_p50(rows: list[Row], served=lambda r: False, extra_us: float = 0.0) -> float:
+    """Pooled mask p50 with xgrammar's times (plus ``extra_us``) where ``served(row)``."""
+    parts = [
+        np.asarray(r.xgrammar_us) + extra_us
+        if r.xgrammar_us is not None and served(r)
+        else np.asarray(r.corral_us)
+        for r in rows
+    ]
+    return float(np.percentile(np.concatenate(parts), 50))
+
+
+def measure(files: list[Path], tok: TokenizerInfo, timeout: float) -> list[Row]:
+    """Corral first, all schemas in a row (as in MaskBench's worker: its data stays in the CPU's
+    caches), then xgrammar over the same files in its worker process."""
+    corral = CorralEngine(tok, tempfile.mkdtemp(prefix="corral-ceiling-"))
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    walked = []
+    t0 = time.time()
+    for n, path in enumerate(files, 1):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            times, where = walk_corral(corral, tok, doc, bitmask)
+        except Refused:
+            continue
+        if times:  # a file without test instances has nothing to compare
+            walked.append((path, times, where, xgrammar_exact(doc["schema"])))
+        if n % 200 == 0:
+            print(f"  [{time.time() - t0:5.0f}s] corral {n}/{len(files)}", flush=True)
+    rows = []
+    xgrammar = Worker("xgrammar", "")
+    for n, (path, times, where, whitelisted) in enumerate(walked, 1):
+        x = xgrammar.run(path, timeout)
+        clean = x.get("status") == "ok" and not x["false_accept"] and not x["false_reject"]
+        same_positions = clean and len(x["masks_us"]) == len(times)
+        x_times = x["masks_us"] if same_positions else None
+        rows.append(Row(path, times, where, x_times, whitelisted, x.get("ttfm_ms")))
+        if n % 200 == 0:
+            print(f"  [{time.time() - t0:5.0f}s] xgrammar {n}/{len(walked)}", flush=True)
+    xgrammar.close()
+    return rows
+
+
+def report(rows: list[Row], tok: TokenizerInfo, filter_us: float, seconds: float) -> None:
+    c_all = np.concatenate([r.corral_us for r in rows])
+    w_all = np.concatenate([r.where for r in rows])
+    x_rows = [r for r in rows if r.xgrammar_us is not None]
+    x_p50 = float(np.percentile(np.concatenate([r.xgrammar_us for r in x_rows]), 50))
+    print(f"\n{len(rows)} schemas Corral compiles, {len(c_all)} mask positions, {seconds:.0f} s")
+    print(
+        f"Corral mask p50 {np.percentile(c_all, 50):.1f} us; xgrammar p50 {x_p50:.1f} us over "
+        f"the {len(x_rows)} schemas it judged correctly; bar 1.5x = {1.5 * x_p50:.1f} us\n"
+    )
+    print(f"{'Corral, by position':28} {'share':>6} {'p25':>6} {'p50':>6} {'p75':>6}")
+    for c in CONTEXTS:
+        sel = c_all[w_all == c]
+        q = np.percentile(sel, [25, 50, 75]) if len(sel) else [float("nan")] * 3
+        print(f"{c:28} {len(sel) / len(c_all):6.1%} {q[0]:6.1f} {q[1]:6.1f} {q[2]:6.1f}")
+
+    print(
+        f"\n{'pooled mask p50 if xgrammar served':44} {'positions':>9} {'+0 us':>6} "
+        f"{f'+{filter_us:g} us':>7} {'best-of':>8}"
+    )
+    for label, eligible in (
+        ("schemas in XGRAMMAR_EXACT", lambda r: r.whitelisted),
+        ("every schema it judged correctly (unsound)", lambda r: True),
+    ):
+        share = sum(len(r.corral_us) for r in x_rows if eligible(r)) / len(c_all)
+        plain = pooled_p50(rows, eligible)
+        filtered = pooled_p50(rows, eligible, filter_us)
+        best = pooled_p50(  # per schema, whichever engine has the lower median (an oracle)
+            rows,
+            lambda r, eligible=eligible: (
+                eligible(r) and np.median(r.xgrammar_us) + filter_us < np.median(r.corral_us)
+            ),
+            filter_us,
+        )
+        print(f"{label:44} {share:9.1%} {plain:6.1f} {filtered:7.1f} {best:8.1f}")
+
+    loads = []
+    # in this process: only schemas whose xgrammar compile took under a second in the worker
+    for r in rows:
+        if len(loads) >= 60:
+            break
+        if not r.whitelisted or r.xgrammar_ttfm_ms is None or r.xgrammar_ttfm_ms > 1000:
+            continue
+        doc = json.loads(r.path.read_text(encoding="utf-8"))
+        try:
+            blob = xgr.serialize(xgr.compile_schema(doc["schema"], LAYOUT, tok))
+        except Exception:  # noqa: BLE001 - refused by xgrammar: nothing to load
+            continue
+        s = time.perf_counter()
+        xgr.deserialize(blob, tok)
+        loads.append(((time.perf_counter() - s) * 1e3, len(blob)))
+    if loads:
+        ms, size = np.array(loads).T
+        print(
+            f"\nxgrammar stored form, {len(loads)} XGRAMMAR_EXACT schemas: load p50 "
+            f"{np.percentile(ms, 50):.2f} ms, p90 {np.percentile(ms, 90):.2f} ms; "
+            f"size p50 {np.percentile(size, 50) / 1e3:.0f} kB"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,106 +267,9 @@ def main(argv: list[str] | None = None) -> int:
 
     files = stratified_sample(sorted(args.corpus.glob("*.json")), args.sample, args.seed)
     tok = TokenizerInfo.llama3()
-    corral = CorralEngine(tok, tempfile.mkdtemp(prefix="corral-ceiling-"))
-    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
-    # Corral first, all schemas in a row (as in MaskBench's worker: its data stays in the CPU's
-    # caches), then xgrammar in its worker process.
-    walked = []  # (path, Corral times, contexts, whitelisted)
     t0 = time.time()
-    for n, path in enumerate(files, 1):
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        try:
-            c_times, where = walk_corral(corral, tok, doc, bitmask)
-        except Refused:
-            continue
-        if c_times:  # a file without test instances has nothing to compare
-            walked.append((path, c_times, where, xgrammar_exact(doc["schema"])))
-        if n % 200 == 0:
-            print(f"  [{time.time() - t0:5.0f}s] corral {n}/{len(files)}", flush=True)
-    rows = []  # (Corral times, contexts, xgrammar times or None, whitelisted, xgrammar ttfm, path)
-    xgrammar = Worker("xgrammar", "")
-    for n, (path, c_times, where, exact) in enumerate(walked, 1):
-        x = xgrammar.run(path, args.timeout)
-        x_times = None
-        clean = x.get("status") == "ok" and not x["false_accept"] and not x["false_reject"]
-        if clean and len(x["masks_us"]) == len(c_times):  # the same positions were measured
-            x_times = x["masks_us"]
-        rows.append((c_times, where, x_times, exact, x.get("ttfm_ms"), path))
-        if n % 200 == 0:
-            print(f"  [{time.time() - t0:5.0f}s] xgrammar {n}/{len(walked)}", flush=True)
-    xgrammar.close()
-
-    c_all = np.concatenate([r[0] for r in rows])
-    w_all = np.concatenate([r[1] for r in rows])
-    x_all = [r[2] for r in rows if r[2] is not None]
-    x_p50 = pooled(x_all)
-    bar = 1.5 * x_p50
-    print(
-        f"\n{len(rows)} schemas Corral compiles, {len(c_all)} mask positions, {time.time() - t0:.0f} s"
-    )
-    print(
-        f"Corral mask p50 {np.percentile(c_all, 50):.1f} us; xgrammar p50 {x_p50:.1f} us over "
-        f"the {len(x_all)} schemas it judged correctly; bar 1.5x = {bar:.1f} us\n"
-    )
-    print(f"{'Corral, by position':28} {'share':>6} {'p25':>6} {'p50':>6} {'p75':>6}")
-    for c in CONTEXTS:
-        sel = c_all[w_all == c]
-        q = np.percentile(sel, [25, 50, 75]) if len(sel) else [float("nan")] * 3
-        print(f"{c:28} {len(sel) / len(c_all):6.1%} {q[0]:6.1f} {q[1]:6.1f} {q[2]:6.1f}")
-
-    print(
-        f"\n{'pooled mask p50 if xgrammar served':44} {'positions':>9} {'+0 us':>6} "
-        f"{f'+{args.filter_us:g} us':>7} {'best-of':>8}"
-    )
-    for label, use in (
-        ("schemas in XGRAMMAR_EXACT", lambda r: r[3]),
-        ("every schema it judged correctly (unsound)", lambda r: True),
-    ):
-        served = [r for r in rows if r[2] is not None and use(r)]
-        share = sum(len(r[0]) for r in served) / len(c_all)
-        figures = []
-        for extra in (0.0, args.filter_us):
-            figures.append(
-                pooled(
-                    [
-                        np.asarray(r[2]) + extra if any(r is s for s in served) else r[0]
-                        for r in rows
-                    ]
-                )
-            )
-        best = pooled(
-            [
-                np.asarray(r[2]) + args.filter_us
-                if any(r is s for s in served)
-                and np.median(r[2]) + args.filter_us < np.median(r[0])
-                else r[0]
-                for r in rows
-            ]
-        )
-        print(f"{label:44} {share:9.1%} {figures[0]:6.1f} {figures[1]:7.1f} {best:8.1f}")
-
-    loads = []
-    # in this process: only schemas whose xgrammar compile took under a second in the worker
-    for r in rows:
-        if len(loads) >= 60:
-            break
-        if not r[3] or r[4] is None or r[4] > 1000:
-            continue
-        doc = json.loads(r[5].read_text(encoding="utf-8"))
-        try:
-            blob = xgr.serialize(xgr.compile_schema(doc["schema"], LAYOUT, tok))
-        except Exception:  # noqa: BLE001 - refused by xgrammar: nothing to load
-            continue
-        s = time.perf_counter()
-        xgr.deserialize(blob, tok)
-        loads.append(((time.perf_counter() - s) * 1e3, len(blob)))
-    if loads:
-        ms, size = np.array(loads).T
-        print(
-            f"\nxgrammar stored form, {len(loads)} XGRAMMAR_EXACT schemas: load p50 "
-            f"{np.percentile(ms, 50):.2f} ms, p90 {np.percentile(ms, 90):.2f} ms; "
-            f"size p50 {np.percentile(size, 50) / 1e3:.0f} kB"
-        )
+    rows = measure(files, tok, args.timeout)
+    report(rows, tok, args.filter_us, time.time() - t0)
     return 0
 
 

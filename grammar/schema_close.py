@@ -104,7 +104,9 @@ def close_objects(schema: Any) -> Any:
         closable = keep
     for r in sorted(closable):
         kind, name = _def_key(r)
-        out[kind] = {**out[kind], name: bodies[r]}
+        if out[kind] is schema[kind]:
+            out[kind] = dict(out[kind])  # copied once, not once per definition
+        out[kind][name] = bodies[r]
     return out
 
 
@@ -164,9 +166,8 @@ def _references(root: dict) -> Counter | None:
     """How often each definition is referenced in the document; None when some reference could
     resolve elsewhere: one that does not name a root ``$defs``/``definitions`` entry directly,
     ``$dynamicRef``/``$recursiveRef``, or an ``$id`` below the root (it moves the base URI)."""
-    draft4 = "draft-04" in str(root.get("$schema", "")) or "draft-03" in str(
-        root.get("$schema", "")
-    )
+    dialect = str(root.get("$schema", ""))
+    draft4 = "draft-04" in dialect or "draft-03" in dialect
     refs: Counter = Counter()
     stack: list[Any] = [(root, True)]
     while stack:
