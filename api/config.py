@@ -80,6 +80,15 @@ class ServerConfig:
     cache_dir: str | None = None
     log_level: str = "info"
     open_objects: bool = False
+    # limits on what one request may send (each named in its 400; README "Limits")
+    max_body_bytes: int = 8 << 20
+    max_schema_bytes: int = 1 << 20
+    max_schema_depth: int = 64
+    max_schema_properties: int = 5000
+    max_enum_values: int = 10000
+    max_tools: int = 128
+    compile_workers: int = 2
+    compile_deadline_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -90,6 +99,19 @@ class ServerConfig:
             raise ValueError(f"queue limit must be >= 0, got {self.queue_limit}")
         if self.memory_bytes < 1 << 20:
             raise ValueError(f"memory budget must be at least 1MB, got {self.memory_bytes} bytes")
+        for name in (
+            "max_body_bytes",
+            "max_schema_bytes",
+            "max_schema_depth",
+            "max_schema_properties",
+            "max_enum_values",
+            "max_tools",
+            "compile_workers",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.compile_deadline_s > 0:
+            raise ValueError(f"compile deadline must be > 0 s, got {self.compile_deadline_s}")
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
 
@@ -134,4 +156,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("open_objects", "--open-objects", "CORRAL_OPEN_OBJECTS", parse_bool,
             "true: objects whose schema is silent about extra keys may get undeclared "
             "properties; false (default): only the declared ones are generated"),
+    Setting("max_body_bytes", "--max-body-bytes", "CORRAL_MAX_BODY_BYTES", parse_bytes,
+            "largest request body; larger ones get a 413 before they are read (default 8MB)"),
+    Setting("max_schema_bytes", "--max-schema-bytes", "CORRAL_MAX_SCHEMA_BYTES", parse_bytes,
+            "largest constraint (schema, tool parameters, regex, grammar) as JSON text (default 1MB)"),
+    Setting("max_schema_depth", "--max-schema-depth", "CORRAL_MAX_SCHEMA_DEPTH", int,
+            "deepest nesting of a schema document (default 64)"),
+    Setting("max_schema_properties", "--max-schema-properties", "CORRAL_MAX_SCHEMA_PROPERTIES", int,
+            "most properties in one schema, all objects together (default 5000)"),
+    Setting("max_enum_values", "--max-enum-values", "CORRAL_MAX_ENUM_VALUES", int,
+            "most enum values in one schema, all enums together (default 10000)"),
+    Setting("max_tools", "--max-tools", "CORRAL_MAX_TOOLS", int,
+            "most tools in one request (default 128)"),
+    Setting("compile_workers", "--compile-workers", "CORRAL_COMPILE_WORKERS", int,
+            "worker processes for risky constraint compiles (default 2)"),
+    Setting("compile_deadline_s", "--compile-deadline", "CORRAL_COMPILE_DEADLINE_S", float,
+            "seconds a constraint compile may take; past it the request gets a 503 (default 10)"),
 )  # fmt: skip

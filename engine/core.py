@@ -10,7 +10,21 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    """Why a sequence ended with finish reason "error": never the client's mistake.
+
+    ``code``: ``constraint_failed`` (its matcher hit a backend limit and could not be rebuilt,
+    or refused a token its own mask allowed), ``sequence_failed`` (an exception in work tied to
+    this sequence: its matcher, detokenizer or draft), ``engine_restarted`` (the step itself
+    failed and the engine loop was restarted), ``engine_stopped`` (the server shut down).
+    """
+
+    code: str
+    message: str
 
 
 class RequestError(ValueError):
@@ -96,6 +110,7 @@ class Output:
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    error: EngineFailure | None = None  # set when finish_reason is "error"
 
 
 @dataclass

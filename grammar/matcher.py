@@ -45,3 +45,21 @@ class Matcher(ABC):
     @abstractmethod
     def can_terminate(self) -> bool:
         """True when the text so far is a complete match, so an EOS token would be allowed."""
+
+    def error(self) -> str | None:
+        """None while the cursor is healthy; otherwise why it cannot go on.
+
+        A backend that hits one of its runtime limits (llguidance: Earley row items, lexer
+        states, fuel) enters a sticky error state in which its mask allows only EOS and EOS is
+        refused. Callers check this after ``fill_mask`` and after a refused ``accept``.
+        """
+        return None
+
+    def recover(self) -> bool:
+        """Rebuild the cursor from the compiled constraint and replay the tokens accepted so far.
+
+        The limit that tripped is per cursor copy, so a fresh copy often gets past it. True when
+        the rebuilt cursor is healthy (``error()`` is None again); False when it failed too, and
+        the sequence must be failed. A backend that cannot rebuild returns False.
+        """
+        return False
