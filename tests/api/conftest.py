@@ -66,22 +66,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
-    """`corral serve` with the default model, an API key, small limits and a fresh cache dir.
+def start_server(
+    model_folder: Path,
+    cache: Path,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    api_key: str = API_KEY,
+) -> Server:
+    """Start `corral serve` with the default model in cache folder `cache` and wait until healthy.
 
     The converted model is linked in from the shared model cache so it is not converted again;
-    the compiled-constraint cache starts empty.
+    the compiled-constraint cache starts empty. `env` adds environment variables (fault knobs).
+    Stop it with `stop_server`.
     """
-    cache = tmp_path_factory.mktemp("corral-cache")
     (cache / "models").symlink_to(model_folder.parent, target_is_directory=True)
     port = _free_port()
     log = cache / "server.log"
-    cmd = [sys.executable, "-m", "corral.cli", "serve", "--port", str(port), "--api-key", API_KEY,
-           "--cache-dir", str(cache), "--max-concurrent", "2", "--queue-limit", "2", "--memory", "256MB"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    cmd = [sys.executable, "-m", "corral.cli", "serve", "--port", str(port), "--api-key", api_key,
+           "--cache-dir", str(cache), *extra_args]  # fmt: skip
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    full_env.update(env or {})
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     model = None
@@ -97,9 +103,21 @@ def server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Serv
     if model is None:
         proc.kill()
         pytest.fail(f"corral serve did not become healthy:\n{log.read_text()[-4000:]}")
-    yield Server(url, API_KEY, model, proc, log)
-    proc.terminate()
+    return Server(url, api_key, model, proc, log)
+
+
+def stop_server(server: Server) -> None:
+    server.proc.terminate()
     try:
-        proc.wait(timeout=30)
+        server.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        server.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """`corral serve` with the default model, an API key, small limits and a fresh cache dir."""
+    small = ("--max-concurrent", "2", "--queue-limit", "2", "--memory", "256MB")
+    srv = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), small)
+    yield srv
+    stop_server(srv)
