@@ -1,7 +1,15 @@
-"""The plain data that moves between the runner, the worker processes and the report."""
+"""The plain data that moves between the runner, the worker processes and the report.
+
+A case keeps its schema as JSON text, and :attr:`Case.schema` parses a new copy on every read:
+the stages of a case, and the third-party code they call, each get a schema of their own.
+hypothesis-jsonschema, for one, rewrites the schema it is given in place (``$ref`` resolved into
+the tree, ``_id`` keys added), so a shared object would make every later stage, and the
+reproducer, test a schema that is not the corpus file's.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,16 +42,51 @@ KINDS = (
 ROW_KINDS = (UNSOUND, INCOMPLETE, KEY_ORDER, DEAD_END, MISMATCH, ERROR)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Case:
-    """One schema to fuzz. ``tests`` are ``(instance, label)`` pairs from the corpus; the label is
+    """One schema to fuzz, frozen: ``schema_json`` is the schema's JSON text and :attr:`schema`
+    a fresh copy of it. ``tests`` are ``(instance, label)`` pairs from the corpus; the label is
     only informative, the judge relabels every instance."""
 
     id: str
-    schema: Any
+    schema_json: str
     tests: list[tuple[Any, bool | None]] = field(default_factory=list)
     source: str = ""
     seed: int = 0
+
+    @classmethod
+    def from_schema(
+        cls,
+        id: str,
+        schema: Any,
+        tests: list[tuple[Any, bool | None]] | None = None,
+        source: str = "",
+        seed: int = 0,
+    ) -> Case:
+        """A case of ``schema`` as it is now; later changes to that object do not reach it."""
+        return cls(id, json.dumps(schema, ensure_ascii=False), tests or [], source, seed)
+
+    @property
+    def schema(self) -> Any:
+        """A new copy of the schema on every read: its reader may change it, nobody else sees."""
+        return json.loads(self.schema_json)
+
+    def failure(
+        self, target: str, kind: str, text: str | None, detail: str, shrinkable: bool = True
+    ) -> Failure:
+        """A finding on this case with two schema copies of its own: shrinking replaces
+        ``schema``; ``original_schema`` stays the corpus file's."""
+        return Failure(
+            target,
+            kind,
+            self.id,
+            self.schema,
+            text,
+            detail,
+            original_schema=self.schema,
+            original_text=text,
+            shrinkable=shrinkable,
+        )
 
 
 @dataclass

@@ -6,6 +6,10 @@ judge rejects is unsound); every valid output of any target joins the valid inst
 one-edit mutations of valid instances that the judge rejects make the invalid ones; then every
 target checks every instance token by token. ``stage(name)`` is called before each step that runs
 engine code, so a supervisor can tell which target a crash or hang belongs to.
+
+Schema copies: every stage reads ``case.schema``, a new copy each time (see :class:`Case`), so
+neither the judge, nor hypothesis-jsonschema (which rewrites its input in place), nor a target
+can change the schema that a later stage, a finding or the reproducer sees.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.fuzz import case as K
-from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
+from corral.fuzz.case import Case, CaseResult, TargetOutcome
 from corral.fuzz.judge import Judge, Unjudgeable, dumps, parse_output, schema_keywords
 from corral.fuzz.keyorder import schema_order
 from corral.fuzz.mutate import mutations
@@ -63,7 +67,7 @@ def run_case(
     stage("draw")
     valid, invalid = _label(judge, [d for d, _ in case.tests])
     if cfg.draws and not skip_draws:
-        v, i = _label(judge, _draw(case.schema, cfg.draws, case.seed))
+        v, i = _label(judge, _draw(case, cfg.draws))
         valid, invalid = valid + v, invalid + i
     compiled: dict[str, tuple[Target, Any]] = {}
     for t in targets:
@@ -103,7 +107,7 @@ def _compile(t: Target, case: Case, out: TargetOutcome, stage: Callable[[str], N
         return None
     except Exception as e:  # anything but a refusal is an engine bug
         out.status, out.reason = "error", f"{type(e).__name__}: {e}"[:300]
-        _add(out, Failure(t.name, K.ERROR, case.id, case.schema, None, out.reason))
+        _add(out, case, K.ERROR, None, out.reason)
         return None
     out.compile_s = time.perf_counter() - t0
     return handle
@@ -131,10 +135,10 @@ def _walks(
         out.walks[w.outcome] = out.walks.get(w.outcome, 0) + 1
         text = w.text.decode("utf-8", errors="replace")
         if w.outcome in ("mismatch", "beyond-vocab"):
-            _add(out, Failure(t.name, K.MISMATCH, case.id, case.schema, text, w.detail))
+            _add(out, case, K.MISMATCH, text, w.detail)
         elif w.outcome == "dead-end":
             detail = f"no token allowed after {w.tokens} tokens, and EOS not allowed either"
-            _add(out, Failure(t.name, K.DEAD_END, case.id, case.schema, text, detail))
+            _add(out, case, K.DEAD_END, text, detail)
         elif w.outcome in ("eos", "terminated"):
             value, problem = parse_output(w.text)
             try:
@@ -144,11 +148,10 @@ def _walks(
             if problem:
                 out.walks["invalid"] = out.walks.get("invalid", 0) + 1
                 detail = f"a random walk produced an invalid instance: {problem}"
-                f = Failure(t.name, K.UNSOUND, case.id, case.schema, text, detail)
-                if problem.startswith("not UTF-8"):  # show the bad bytes; they cannot be replayed
-                    f.text = w.text.decode("utf-8", errors="backslashreplace")
-                    f.shrinkable = False
-                _add(out, f)
+                replayable = not problem.startswith("not UTF-8")
+                if not replayable:  # show the bad bytes; they cannot be replayed
+                    text = w.text.decode("utf-8", errors="backslashreplace")
+                _add(out, case, K.UNSOUND, text, detail, shrinkable=replayable)
             else:
                 good.append(value)
     return good
@@ -170,29 +173,28 @@ def _check(
             encoded[text] = view.encode(text)
         return check_tokens(t.matcher(handle), view, encoded[text], out.mask)
 
+    schema = case.schema  # this stage's copy, read for key order only
     for text in valid:
         out.valid_checked += 1
-        ordered = _in_schema_order(case.schema, text)
+        ordered = _in_schema_order(schema, text)
         c = accepts(ordered)
         if not c.accepted:
             out.valid_rejected += 1
             detail = f"a valid instance was refused: {c.detail}"
-            _add(out, Failure(t.name, K.INCOMPLETE, case.id, case.schema, ordered, detail))
+            _add(out, case, K.INCOMPLETE, ordered, detail)
         elif ordered != text and not (c := accepts(text)).accepted:
             detail = f"a valid instance was refused unless its keys are in schema order: {c.detail}"
-            f = Failure(t.name, K.KEY_ORDER, case.id, case.schema, text, detail)
-            f.shrinkable = False
-            _add(out, f)
+            _add(out, case, K.KEY_ORDER, text, detail, shrinkable=False)
     for text in invalid:
         out.invalid_checked += 1
-        ordered = _in_schema_order(case.schema, text)
+        ordered = _in_schema_order(schema, text)
         hit = ordered if accepts(ordered).accepted else None
         if hit is None and ordered != text and accepts(text).accepted:
             hit = text
         if hit is not None:
             out.invalid_accepted += 1
             detail = f"an invalid instance was accepted: {judge.error(json.loads(hit))}"
-            _add(out, Failure(t.name, K.UNSOUND, case.id, case.schema, hit, detail))
+            _add(out, case, K.UNSOUND, hit, detail)
 
 
 def _in_schema_order(schema: Any, text: str) -> str:
@@ -205,17 +207,23 @@ def _in_schema_order(schema: Any, text: str) -> str:
 def _outliers(case: Case, cfg: CaseConfig, out: TargetOutcome) -> None:
     if out.compile_s > cfg.slow_compile_s:
         detail = f"compile took {out.compile_s:.2f} s (threshold {cfg.slow_compile_s} s)"
-        _add(out, Failure(out.target, K.SLOW_COMPILE, case.id, case.schema, None, detail))
+        _add(out, case, K.SLOW_COMPILE, None, detail)
     if out.mask.max > cfg.slow_mask_s:
         detail = f"a mask took {out.mask.max * 1e3:.1f} ms (threshold {cfg.slow_mask_s * 1e3} ms)"
-        _add(out, Failure(out.target, K.SLOW_MASK, case.id, case.schema, None, detail))
+        _add(out, case, K.SLOW_MASK, None, detail)
 
 
-def _add(out: TargetOutcome, f: Failure) -> None:
+def _add(
+    out: TargetOutcome,
+    case: Case,
+    kind: str,
+    text: str | None,
+    detail: str,
+    shrinkable: bool = True,
+) -> None:
     """Keep the first failure of each kind per target and case (counts are kept elsewhere)."""
-    if f.kind not in out.kinds():
-        f.original_schema, f.original_text = f.schema, f.text
-        out.failures.append(f)
+    if kind not in out.kinds():
+        out.failures.append(case.failure(out.target, kind, text, detail, shrinkable))
 
 
 def _label(judge: Judge, instances: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -228,8 +236,11 @@ def _label(judge: Judge, instances: list[Any]) -> tuple[list[Any], list[Any]]:
     return valid, invalid
 
 
-def _draw(schema: Any, n: int, seed: int) -> list[Any]:
-    """Instances drawn by hypothesis-jsonschema; [] for schemas it cannot handle."""
+def _draw(case: Case, n: int) -> list[Any]:
+    """Instances drawn by hypothesis-jsonschema; [] for schemas it cannot handle.
+
+    ``from_schema`` rewrites the schema it is given in place (``$ref``s resolved into the tree,
+    ``_id`` keys added, definitions merged): it gets a copy that nothing else reads."""
     from hypothesis_jsonschema import from_schema
 
     from corral.fuzz.strategies import draw_examples
@@ -237,7 +248,7 @@ def _draw(schema: Any, n: int, seed: int) -> list[Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return draw_examples(from_schema(schema), n, seed)
+            return draw_examples(from_schema(case.schema), n, case.seed)
     except Exception:  # unsupported keywords, unsatisfiable schemas, recursive refs, ...
         return []
 

@@ -55,14 +55,14 @@ def load_file(path: Path, root_seed: int = 0) -> list[Case]:
     name = path.stem if path.parent.name in ("", ".") else f"{path.parent.name}/{path.stem}"
     seed = _seed(root_seed, name)
     if _is_case(doc):
-        return [Case(name, doc["schema"], _tests(doc["tests"]), str(path), seed)]
+        return [Case.from_schema(name, doc["schema"], _tests(doc["tests"]), str(path), seed)]
     if isinstance(doc, list) and doc and all(_is_case(g) for g in doc):
         return [
-            Case(f"{name}#{i}", g["schema"], _tests(g["tests"]), str(path), seed + i)
+            Case.from_schema(f"{name}#{i}", g["schema"], _tests(g["tests"]), str(path), seed + i)
             for i, g in enumerate(doc)
         ]
     if isinstance(doc, dict | bool):
-        return [Case(name, doc, [], str(path), seed)]
+        return [Case.from_schema(name, doc, [], str(path), seed)]
     return []
 
 
@@ -84,7 +84,7 @@ def iter_generated(seed: int, batch: int = 25) -> Iterator[Case]:
         drawn = draw_examples(schemas(), batch, _seed(seed, f"batch{b}"))
         for i, schema in enumerate(drawn):
             name = f"generated/{b * batch + i}"
-            yield Case(name, schema, [], "hypothesis", _seed(seed, name))
+            yield Case.from_schema(name, schema, [], "hypothesis", _seed(seed, name))
 
 
 def interleave(*sources: Iterator[Case]) -> Iterator[Case]:

@@ -9,17 +9,15 @@ judged. Requests run on a private event loop with a concurrency cap and an optio
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from corral.fuzz import case as K
-from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
+from corral.fuzz.case import Case, CaseResult, TargetOutcome
 from corral.fuzz.judge import Judge, Unjudgeable, parse_output, schema_keywords
 
 PROMPT_SCHEMA_CHARS = 2000  # the constraint does the work; a long prompt only slows the model
@@ -122,7 +120,7 @@ class HttpTarget:
                 self._judge(case, judge, payload, out)
             elif kind in (K.ERROR, K.HANG):
                 out.status = kind
-                _add(out, Failure(self.name, kind, case.id, case.schema, None, payload))
+                _add(out, case, kind, None, payload)
         if out.status == "ok" and out.walks.get("refused") == self.cfg.samples:
             out.status, out.reason = "refused", samples[0][1]
         return result
@@ -136,7 +134,7 @@ class HttpTarget:
         if problem:
             out.walks["invalid"] = out.walks.get("invalid", 0) + 1
             detail = f"the server returned an invalid instance: {problem}"
-            _add(out, Failure(self.name, K.UNSOUND, case.id, case.schema, content, detail))
+            _add(out, case, K.UNSOUND, content, detail)
 
     async def _sample(self, case: Case, i: int) -> tuple[str, str, float]:
         """One completion: ``(kind, content or reason, seconds)``.
@@ -144,7 +142,7 @@ class HttpTarget:
         ``kind`` is ok, length, refused, error or hang."""
         body = {
             "model": self.model,
-            "messages": _messages(case.schema),
+            "messages": _messages(case),
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": "fuzz", "schema": case.schema, "strict": True},
@@ -178,16 +176,16 @@ class HttpTarget:
         return "ok", content, dt
 
 
-def _messages(schema: Any) -> list[dict[str, str]]:
-    text = json.dumps(schema, ensure_ascii=False)[:PROMPT_SCHEMA_CHARS]
+def _messages(case: Case) -> list[dict[str, str]]:
+    text = case.schema_json[:PROMPT_SCHEMA_CHARS]
     return [
         {"role": "system", "content": "You reply with one JSON value and nothing else."},
         {"role": "user", "content": f"Write a JSON value that matches this JSON Schema:\n{text}"},
     ]
 
 
-def _add(out: TargetOutcome, f: Failure) -> None:
-    if f.kind not in out.kinds():
-        f.original_schema, f.original_text = f.schema, f.text
+def _add(out: TargetOutcome, case: Case, kind: str, text: str | None, detail: str) -> None:
+    if kind not in out.kinds():
+        f = case.failure(out.target, kind, text, detail)
         f.keywords = tuple(sorted(schema_keywords(f.schema)))
         out.failures.append(f)

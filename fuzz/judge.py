@@ -4,6 +4,9 @@ Two deliberate departures from jsonschema's defaults, both to follow the JSON Sc
 than Python: ``pattern`` / ``patternProperties`` use ECMA-262-like ASCII classes (``\\d`` is
 ``[0-9]``, not every Unicode digit), and no ``$ref`` is ever fetched over the network (a remote
 reference makes the schema unjudgeable instead).
+
+Schema copies: none are made, and none are needed: jsonschema's validators (and
+:func:`iter_nodes` / :func:`schema_keywords` here) only read the schema they are given.
 """
 
 from __future__ import annotations

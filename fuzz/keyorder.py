@@ -4,6 +4,8 @@ JSON objects are unordered, but grammar engines emit the properties a schema lis
 it lists them, with any other keys after. Every engine tested refuses other orders, so a valid
 instance is checked in schema order first (a refusal there is a real over-constraint) and in its
 own order second (a refusal only there is reported as the milder ``key-order`` finding).
+
+Schema copies: none; the schema is only read, and the value returned is a new object.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from corral.fuzz import case as K
-from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
+from corral.fuzz.case import Case, CaseResult, TargetOutcome
 from corral.fuzz.judge import schema_keywords
 from corral.fuzz.worker import TokenizerSpec, WorkerSpec, worker_main
 
@@ -147,7 +147,7 @@ class WorkerPool:
         for target, (kind, detail) in lost.items():
             keywords = tuple(sorted(schema_keywords(case.schema)))
             out = TargetOutcome(target, status=kind, reason=detail)
-            f = Failure(target, kind, case.id, case.schema, None, detail, case.schema, None)
+            f = case.failure(target, kind, None, detail)
             f.keywords = keywords
             out.failures.append(f)
             result.outcomes[target] = out

@@ -4,6 +4,9 @@ Greedy first-improvement search over edits that only make things smaller: hoist 
 the matching part of the instance) to the root, delete a keyword, a property or a branch, replace
 a subschema with ``{}``, then trim the instance. Every candidate is judged by the caller's
 ``still_fails(schema, text)``; the search stops at a fixed point or when its budget runs out.
+
+Schema copies: every schema edit is made on a deep copy, so the schema passed in is never changed
+(a candidate that only trims the instance passes the schema on as it is).
 """
 
 from __future__ import annotations

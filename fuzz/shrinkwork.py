@@ -1,7 +1,13 @@
-"""Shrinking a failure found by :mod:`corral.fuzz.casework`, with the failing target itself."""
+"""Shrinking a failure found by :mod:`corral.fuzz.casework`, with the failing target itself.
+
+Schema copies: the shrinker edits copies of the failure's schema, never the schema itself, and
+the target under test compiles a copy of each candidate, so an engine that rewrote its input
+could not make the reported schema differ from the one that was shown to fail.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -41,7 +47,7 @@ def failure_predicate(kind: str, target: Target, view: TokenView, seed: dict[str
         key = json.dumps(schema, sort_keys=True)
         if key not in compiled:
             try:
-                compiled[key] = target.compile(schema)
+                compiled[key] = target.compile(copy.deepcopy(schema))
             except Refused:
                 compiled[key] = None
         if compiled[key] is None:

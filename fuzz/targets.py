@@ -4,6 +4,10 @@ A target is anything with a ``name``, ``compile(schema) -> handle`` (raising :cl
 the engine declines the schema) and ``matcher(handle) -> Matcher``. Every in-process target here
 lays JSON out like ``json.dumps`` (``", "`` and ``": "``, no other whitespace), so one instance
 text is checked against all of them.
+
+Schema copies: ``compile`` never changes the schema it is given. Corral and xgrammar serialise it
+(Corral through ``ConstraintSpec``, whose compile parses the text afresh), llguidance gets
+``json.dumps`` of it, and the weakened targets edit a deep copy.
 """
 
 from __future__ import annotations
