@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import llguidance
 import torch
 
 from corral.grammar.errors import ConstraintError
+from corral.grammar.input_checks import nesting_error
+from corral.grammar.llg_limits import LIMITS, classify, effective_limits, first_line
 from corral.grammar.matcher import Matcher
 from corral.grammar.spec import JsonFormat
 from corral.grammar.tokenizer import TokenizerInfo
@@ -18,16 +21,15 @@ from corral.grammar.tokenizer import TokenizerInfo
 NAME = "llguidance"
 VERSION = llguidance.__version__
 
-# llguidance bounds its own work (lexer fuel, Earley items per step, grammar size), so a compile
-# or a mask step cannot run away; these are its defaults made explicit.
-LIMITS = dict(
-    max_items_in_row=2000,
-    initial_lexer_fuel=1_000_000,
-    step_lexer_fuel=200_000,
-    step_max_items=50_000,
-    max_lexer_states=250_000,
-    max_grammar_size=500_000,
-)
+__all__ = [
+    "LIMITS",
+    "NAME",
+    "VERSION",
+    "LLGuidanceMatcher",
+    "Prototype",
+    "new_prototype",
+    "try_consume",
+]
 
 
 def json_options(fmt: JsonFormat) -> dict[str, Any]:
@@ -47,9 +49,12 @@ def grammar_from_schema(schema: dict[str, Any] | bool, fmt: JsonFormat) -> str:
         raise ConstraintError("the schema is `false`: no value is valid", keyword="false")
     if schema is True:
         schema = {}
-    return llguidance.LLMatcher.grammar_from_json_schema(
-        json.dumps(schema), overrides=json_options(fmt)
-    )
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), overrides=json_options(fmt)
+        )
+    except ValueError as e:  # llguidance's own JSON reader refused it (e.g. its depth limit)
+        raise refusal(str(e), "schema") from None
 
 
 # llguidance's built-in common.ESCAPED_STRING lets a raw newline into the string; Lark's own
@@ -73,26 +78,40 @@ def gbnf_to_lark(gbnf: str) -> str:
 
     try:
         return any_to_lark(gbnf)
+    except RecursionError:  # the converter's parser recurses once per nesting level
+        raise nesting_error("EBNF grammar") from None
     except Exception as e:  # the converter raises plain exceptions on bad input
         raise ConstraintError(f"the EBNF grammar cannot be parsed: {e}", keyword="ebnf") from e
 
 
 class Prototype:
-    """The compiled LLMatcher that per-request cursors copy.
+    """The compiled LLMatcher that per-request cursors copy, and the limits it was built with.
 
+    ``raised`` are the limits above llguidance's defaults that the compile-time probe found this
+    grammar needs (``llg_limits.RAISED``); ``CORRAL_LLG_LIMITS`` is applied on top at every build.
     Copies share the lexer's lazily built automaton. When that automaton reaches llguidance's size
-    limit ("too many expressions constructed"), every copy fails from then on; so a cursor that
-    finds itself in an error state renews the prototype, and later requests get a fresh one.
+    limit, every copy fails from then on; ``renew`` replaces it (``Matcher.recover`` calls it).
     """
 
-    __slots__ = ("grammar", "_tok", "_matcher", "_lock")
+    __slots__ = ("grammar", "raised", "_tok", "_matcher", "_lock")
 
-    def __init__(self, grammar: str, tok: TokenizerInfo, keyword: str) -> None:
+    def __init__(
+        self,
+        grammar: str,
+        tok: TokenizerInfo,
+        keyword: str,
+        raised: Mapping[str, int] | None = None,
+    ) -> None:
         self.grammar, self._tok = grammar, tok
+        self.raised = dict(raised or {})
         self._lock = threading.Lock()
-        self._matcher = _build(grammar, tok)
+        self._matcher = _build(grammar, tok, self.raised)
         if self._matcher.is_error():
-            raise ConstraintError(_clean(self._matcher.get_error()), keyword=keyword)
+            raise refusal(self._matcher.get_error(), keyword)
+
+    @property
+    def tokenizer(self) -> TokenizerInfo:
+        return self._tok
 
     def copy(self) -> tuple[Any, Any]:
         """A fresh cursor and the prototype it was copied from."""
@@ -100,51 +119,87 @@ class Prototype:
         return source.deep_copy(), source
 
     def renew(self, broken_source: Any) -> None:
+        """Rebuild the prototype, unless another cursor already replaced ``broken_source``."""
         with self._lock:
             if self._matcher is broken_source:
-                self._matcher = _build(self.grammar, self._tok)
+                self._matcher = _build(self.grammar, self._tok, self.raised)
 
 
-def _build(grammar: str, tok: TokenizerInfo) -> Any:
-    return llguidance.LLMatcher(
-        tok.llguidance, grammar, log_level=0, limits=llguidance.LLParserLimits(**LIMITS)
-    )
+def _build(grammar: str, tok: TokenizerInfo, raised: Mapping[str, int]) -> Any:
+    limits = llguidance.LLParserLimits(**effective_limits(raised))
+    return llguidance.LLMatcher(tok.llguidance, grammar, log_level=0, limits=limits)
 
 
-def new_prototype(grammar: str, tok: TokenizerInfo, keyword: str) -> Prototype:
+def new_prototype(
+    grammar: str, tok: TokenizerInfo, keyword: str, raised: Mapping[str, int] | None = None
+) -> Prototype:
     """Build (compile) a prototype; a grammar error becomes a ConstraintError."""
-    return Prototype(grammar, tok, keyword)
+    return Prototype(grammar, tok, keyword, raised)
 
 
-def _clean(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "the grammar was refused"
+def refusal(message: str, keyword: str) -> ConstraintError:
+    """The ConstraintError for a backend message, naming the limit when it reports one."""
+    line = first_line(message) or "the grammar was refused"
+    limit, advice = classify(line)
+    if limit is None:
+        return ConstraintError(line, keyword=keyword)
+    return ConstraintError(f"{advice} (llguidance: {line})", keyword=keyword, limit=limit)
+
+
+def try_consume(matcher: Any, tokens: list[int]) -> int:
+    """Consume ``tokens`` until one is refused; how many were taken.
+
+    ``try_consume_tokens`` refuses a token that would pass a runtime limit (an Earley row too
+    large) just as it refuses one the grammar forbids, and leaves the matcher healthy. So a
+    refused token is tried once more on a copy (about 6 us): when the copy fails on a limit, the
+    matcher takes the copy's error state, so that ``is_error()`` tells the truth.
+    """
+    n = matcher.try_consume_tokens(tokens)
+    if n < len(tokens):
+        trial = matcher.deep_copy()
+        if not trial.consume_token(tokens[n]) and classify(trial.get_error())[0] is not None:
+            matcher.consume_token(tokens[n])  # the same state, and the same error, as the trial
+    return n
 
 
 class LLGuidanceMatcher(Matcher):
-    """A cursor over a deep copy of the compiled prototype matcher (the copy is cheap)."""
+    """A cursor over a deep copy of the compiled prototype matcher (the copy is cheap).
 
-    __slots__ = ("_m", "_eos", "_ended", "_eos_unrecorded", "_prototype", "_source")
+    It records the tokens it accepted (``rollback`` trims the record), so that ``recover`` can
+    rebuild it from the prototype and replay them when llguidance has put it in its error state.
+    """
+
+    __slots__ = (
+        "_m",
+        "_eos",
+        "_ended",
+        "_eos_unrecorded",
+        "_prototype",
+        "_source",
+        "_tokens",
+        "_lost",
+    )
 
     def __init__(self, prototype: Prototype, eos_token_ids: frozenset[int]) -> None:
         self._prototype = prototype
-        self._m, self._source = prototype.copy()
         self._eos = eos_token_ids
+        self._tokens: list[int] = []
+        self._fresh_cursor()
+
+    def _fresh_cursor(self) -> None:
+        self._m, self._source = self._prototype.copy()
         self._ended = False  # an EOS was accepted
         # llguidance records nothing for an EOS taken once it has stopped by itself (e.g. after
         # the closing brace of a JSON root), so rollback must not hand that EOS to it.
         self._eos_unrecorded = False
+        self._lost: str | None = None  # set when a replay could not rebuild the state
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
         # Row address by arithmetic (int32 words, rows contiguous): indexing the tensor would
         # cost more Python time than many of llguidance's masks take.
         ptr = bitmask.data_ptr() + row * bitmask.stride(0) * 4
         self._m.unsafe_compute_mask_ptr(ptr, bitmask.shape[1] * 4)
-        self._check_health()
         return True
-
-    def _check_health(self) -> None:
-        if self._m.is_error():  # e.g. the shared lexer hit its limit: this cursor is done
-            self._prototype.renew(self._source)
 
     def accept(self, token_id: int) -> bool:
         if token_id in self._eos:
@@ -155,31 +210,75 @@ class LLGuidanceMatcher(Matcher):
             elif not self._m.consume_token(token_id):
                 return False
             self._ended = True
+            self._tokens.append(token_id)
             return True
-        # try_consume_tokens leaves the matcher usable when the token is refused.
-        if self._m.try_consume_tokens([token_id]) == 1:
+        # A refused token leaves the matcher usable, unless it failed on a runtime limit.
+        if try_consume(self._m, [token_id]) == 1:
+            self._tokens.append(token_id)
             return True
-        self._check_health()
         return False
 
     def rollback(self, n: int) -> None:
+        if n > len(self._tokens):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
+        if n:
+            del self._tokens[-n:]
+        if n and self._m.is_error():
+            # A refused token (say, the next of a speculative draft) hit a limit after these n:
+            # rebuilt where the rollback leads, the cursor is healthy again.
+            if not self._rebuild(self._tokens):
+                raise ValueError(f"cannot roll back {n} tokens: {self.error()}")
+            return
         if n and self._ended:
             self._ended = False
             if self._eos_unrecorded:
                 self._eos_unrecorded = False
                 n -= 1
         if n and not self._m.rollback(n):
-            raise ValueError(f"cannot roll back {n} tokens: {self._m.get_error()}")
+            raise ValueError(f"cannot roll back {n} tokens: {first_line(self._m.get_error())}")
 
     def forced_continuation(self) -> bytes:
         return self._m.compute_ff_bytes()
 
     def is_terminated(self) -> bool:
-        return self._m.is_stopped()
+        # llguidance also reports an errored matcher as stopped; that is no finished grammar.
+        return self._m.is_stopped() and not self._m.is_error()
 
     def can_terminate(self) -> bool:
-        return self._m.is_accepting()
+        return self._m.is_accepting() and not self._m.is_error()
 
-    @property
-    def error(self) -> str:
-        return self._m.get_error()
+    def error(self) -> str | None:
+        """llguidance's message (its first line) once the cursor is in its error state."""
+        if self._lost is not None:
+            return self._lost
+        if not self._m.is_error():
+            return None
+        return first_line(self._m.get_error()) or "the grammar matcher is in an error state"
+
+    def recover(self) -> bool:
+        """A fresh copy of the prototype, replayed over the accepted tokens; if that fails too,
+        the prototype is rebuilt (its shared lexer may be what is full) and replayed once more."""
+        tokens = self._tokens
+        if self._rebuild(tokens):
+            return True
+        self._prototype.renew(self._source)
+        return self._rebuild(tokens)
+
+    def _rebuild(self, tokens: list[int]) -> bool:
+        """A fresh cursor replayed over ``tokens``; True when it is healthy. Otherwise the record
+        still holds ``tokens`` (what the sequence accepted) and ``error()`` says why."""
+        self._tokens = []
+        self._fresh_cursor()
+        if self._replay(tokens) and self.error() is None:
+            return True
+        self._tokens = list(tokens)
+        if self.error() is None:
+            self._lost = "the grammar matcher could not be rebuilt over the tokens accepted so far"
+        return False
+
+    def _replay(self, tokens: list[int]) -> bool:
+        body = tokens[:-1] if tokens and tokens[-1] in self._eos else tokens
+        if try_consume(self._m, body) != len(body):
+            return False
+        self._tokens = list(body)
+        return len(body) == len(tokens) or self.accept(tokens[-1])

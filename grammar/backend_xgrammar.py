@@ -54,10 +54,15 @@ def deserialize(data: bytes, tok: TokenizerInfo) -> Any:
 
 
 class XGrammarMatcher(Matcher):
-    __slots__ = ("_m",)
+    """A cursor over an xgrammar CompiledGrammar. xgrammar has no runtime limits to trip, so
+    ``error()`` stays None; ``recover`` still rebuilds from the compiled grammar and replays."""
+
+    __slots__ = ("_compiled", "_m", "_tokens")
 
     def __init__(self, compiled: Any) -> None:
+        self._compiled = compiled
         self._m = xgrammar.GrammarMatcher(compiled)
+        self._tokens: list[int] = []
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
         if self._m.is_terminated():  # nothing may follow; xgrammar raises here
@@ -66,11 +71,17 @@ class XGrammarMatcher(Matcher):
         return bool(self._m.fill_next_token_bitmask(bitmask, row))
 
     def accept(self, token_id: int) -> bool:
-        return self._m.accept_token(token_id)
+        if self._m.accept_token(token_id):
+            self._tokens.append(token_id)
+            return True
+        return False
 
     def rollback(self, n: int) -> None:
+        if n > len(self._tokens):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
         if n:
             self._m.rollback(n)
+            del self._tokens[-n:]
 
     def forced_continuation(self) -> bytes:
         if self._m.is_terminated():
@@ -82,3 +93,12 @@ class XGrammarMatcher(Matcher):
 
     def can_terminate(self) -> bool:
         return self._m.is_completed()
+
+    def recover(self) -> bool:
+        """A new matcher from the compiled grammar, replayed over the accepted tokens."""
+        tokens, self._tokens = self._tokens, []
+        self._m = xgrammar.GrammarMatcher(self._compiled)
+        if self.accept_tokens(tokens) == len(tokens):
+            return True
+        self._tokens = tokens
+        return False

@@ -5,23 +5,35 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.errors import Unenforced
+from corral.grammar.llg_limits import check_raised
 from corral.grammar.matcher import Matcher
 from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.version import ANALYSIS_VERSION
 
 #: Bumped whenever the byte layout or the meaning of a stored payload changes.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MAGIC = b"CORRALCC"
 _BACKEND_VERSIONS = {llg.NAME: llg.VERSION, xgr.NAME: xgr.VERSION}
+# Measured (glibc mallinfo2, Llama-3 tokenizer, grammars of 0.3-130 KB): an llguidance prototype
+# holds about 56 KiB plus 60-90 bytes per byte of grammar text, before its lexer grows with use.
+_LLG_BASE_BYTES = 64 * 1024
+_LLG_BYTES_PER_GRAMMAR_BYTE = 90
 
 
 class CorruptEntry(ValueError):
     """Stored bytes that are truncated, garbled, or from another format, backend or tokenizer."""
+
+
+class StaleEntry(CorruptEntry):
+    """An intact entry compiled by another version of Corral's grammar code: a miss."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,6 +52,19 @@ class CompiledConstraint:
     eos_token_ids: frozenset[int]
     unenforced: tuple[Unenforced, ...] = ()
     native: Any = field(default=None, repr=False)
+    #: llguidance limits raised above their defaults for this constraint (see ``llg_limits``).
+    limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: The grammar code that compiled it (``version.ANALYSIS_VERSION``).
+    analysis_version: str = ANALYSIS_VERSION
+
+    @property
+    def size_bytes(self) -> int:
+        """Estimated memory it holds: the payload plus the backend's native compiled form."""
+        if self.backend == llg.NAME:
+            native = _LLG_BASE_BYTES + _LLG_BYTES_PER_GRAMMAR_BYTE * len(self.payload)
+        else:
+            native = int(getattr(self.native, "memory_size_bytes", 0) or 0)
+        return len(self.payload) + native
 
     def matcher(self) -> Matcher:
         """A fresh per-request cursor; cheap (a copy of a prototype, or a new xgrammar matcher)."""
@@ -63,6 +88,8 @@ class CompiledConstraint:
             "spec_digest": self.spec_digest,
             "tokenizer": self.tokenizer_fingerprint,
             "unenforced": [list(u) for u in self.unenforced],
+            "limits": dict(self.limits),
+            "analysis": self.analysis_version,
         }
         header["seal"] = _seal(header, self.payload)
         raw = json.dumps(header).encode()
@@ -84,13 +111,16 @@ class CompiledConstraint:
             or header.get("backend_version") != _BACKEND_VERSIONS[backend]
         ):
             raise CorruptEntry(f"backend {backend!r} {header.get('backend_version')!r} is not ours")
+        if header.get("analysis") != ANALYSIS_VERSION:
+            raise StaleEntry("compiled by another version of Corral's grammar code")
         if header.get("tokenizer") != tok.fingerprint:
             raise CorruptEntry("compiled for another tokenizer")
         if spec_digest is not None and header.get("spec_digest") != spec_digest:
             raise CorruptEntry("compiled for another constraint")
         try:
+            limits = check_raised(header["limits"])
             if backend == llg.NAME:
-                native = llg.new_prototype(payload.decode(), tok, keyword="")
+                native = llg.new_prototype(payload.decode(), tok, keyword="", raised=limits)
             else:
                 native = xgr.deserialize(payload, tok)
         except Exception as e:  # a payload that passed the checksum but does not load
@@ -103,6 +133,7 @@ class CompiledConstraint:
             eos_token_ids=frozenset(tok.eos_token_ids),
             unenforced=tuple(Unenforced(*u) for u in header.get("unenforced", [])),
             native=native,
+            limits=MappingProxyType(limits),
         )
 
 
@@ -113,6 +144,8 @@ _HEADER_KEYS = {
     "spec_digest",
     "tokenizer",
     "unenforced",
+    "limits",
+    "analysis",
     "seal",
 }
 

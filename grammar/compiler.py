@@ -4,14 +4,28 @@ Policy: llguidance compiles in about a millisecond and refuses what it cannot en
 constraint is compiled with it first and a request never waits for a slow compile. JSON schemas
 first pass Corral's own analysis (fail closed, rewrite into forms llguidance enforces exactly).
 xgrammar is used for EBNF grammars that llguidance's GBNF converter cannot read.
+
+Every llguidance prototype is probed before it is returned (``probe``): a constraint whose
+matcher would fail at its first positions (llguidance's runtime limits, or no valid output) is
+never handed out. Where the limit that failed is one Corral may raise (``llg_limits.RAISED``),
+the prototype is rebuilt with it raised and probed again; otherwise, or if it fails again, the
+constraint is refused with ``ConstraintError(limit=...)`` naming the limit.
+
+Copies: a JSON-schema spec holds only canonical text; `compile_constraint` analyses a fresh parse
+(`spec.schema()` parses a new copy per call), so no caller's object is reachable from a compile.
 """
 
 from __future__ import annotations
+
+from types import MappingProxyType
 
 from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.compiled import CompiledConstraint
 from corral.grammar.errors import ConstraintError
+from corral.grammar.input_checks import nesting_error
+from corral.grammar.llg_limits import RAISED, effective_limits, needed
+from corral.grammar.probe import ProbeFailure, probe
 from corral.grammar.regex_translate import literal_regex, translate_regex
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
@@ -20,6 +34,14 @@ from corral.grammar.tokenizer import TokenizerInfo
 
 def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     """Compile ``spec`` for ``tok``; raises :class:`ConstraintError` for a client's mistake."""
+    try:
+        return _compile(spec, tok)
+    except RecursionError:  # a spec built directly, past the constructors' depth check
+        is_json = spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+        raise nesting_error("schema" if is_json else f"{spec.kind} constraint") from None
+
+
+def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     if spec.kind is ConstraintKind.EBNF:
         return _compile_ebnf(spec, tok)
     unenforced: tuple = ()
@@ -44,7 +66,7 @@ def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledCons
 def _llguidance(
     grammar: str, spec: ConstraintSpec, tok: TokenizerInfo, keyword: str, unenforced: tuple = ()
 ) -> CompiledConstraint:
-    prototype = llg.new_prototype(grammar, tok, keyword)
+    prototype = probed_prototype(grammar, tok, keyword)
     return CompiledConstraint(
         backend=llg.NAME,
         payload=grammar.encode(),
@@ -53,6 +75,53 @@ def _llguidance(
         eos_token_ids=frozenset(tok.eos_token_ids),
         unenforced=tuple(unenforced),
         native=prototype,
+        limits=MappingProxyType(dict(prototype.raised)),
+    )
+
+
+def probed_prototype(grammar: str, tok: TokenizerInfo, keyword: str) -> llg.Prototype:
+    """An llguidance prototype whose first positions the probe walked without an error."""
+    raised: dict[str, int] = {}
+    while True:
+        prototype = llg.new_prototype(grammar, tok, keyword, raised)
+        failure = probe(prototype.copy()[0], tok)
+        if failure is None:
+            return prototype
+        more = _raise(failure, raised)
+        if more is None:
+            raise _probe_refusal(failure, keyword)
+        raised = more
+
+
+def _raise(failure: ProbeFailure, raised: dict[str, int]) -> dict[str, int] | None:
+    """``raised`` with the failed limit raised, or None when that cannot help: not a limit Corral
+    raises, raised already, pinned lower by ``CORRAL_LLG_LIMITS``, or the point that failed
+    needs more than the raise (then a second build would only fail there again)."""
+    limit = failure.limit
+    if limit not in RAISED or raised.get(limit) == RAISED[limit]:
+        return None
+    if (needed(limit, failure.message) or 0) > RAISED[limit]:
+        return None
+    more = {**raised, limit: RAISED[limit]}
+    if effective_limits(more)[limit] <= effective_limits(raised)[limit]:
+        return None
+    return more
+
+
+def _probe_refusal(failure: ProbeFailure, keyword: str) -> ConstraintError:
+    if failure.limit is not None:
+        return ConstraintError(
+            f"{failure.advice} (llguidance, within the first tokens of the output: "
+            f"{failure.message})",
+            keyword=keyword,
+            limit=failure.limit,
+        )
+    where = "at its start" if failure.on_forced_path else "along a short valid start"
+    return ConstraintError(
+        f"no output can satisfy this constraint {where}: the grammar cannot continue "
+        f"(llguidance: {failure.message}); a $ref cycle with no way out, or keywords that "
+        "contradict each other, leave nothing to generate",
+        keyword=keyword,
     )
 
 
@@ -61,6 +130,8 @@ def _compile_ebnf(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstrain
         lark = llg.gbnf_to_lark(spec.source)
         return _llguidance(llg.grammar_from_lark(lark), spec, tok, "ebnf")
     except ConstraintError as llg_error:
+        if llg_error.limit is not None:
+            raise  # llguidance read it but it is too large to serve; xgrammar is no way round
         try:
             compiled = xgr.compile_ebnf(spec.source, tok)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with its parse message

@@ -12,6 +12,10 @@ Invariants of the output schema (the contract with the backend):
   `#/$defs/<generated>`.
 The walk costs one pass over the schema plus the rewrites it performs; every step is charged to
 `budget`, so pathological schemas (deeply nested `oneOf`/`not`) fail fast.
+
+Copies: `analyze_schema` never changes its input; it builds a new tree, but the output shares the
+input's `required`, `enum` and `type` lists and `const` values, so treat `SchemaPlan.schema` as
+read-only.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corral.grammar.errors import ConstraintError, Unenforced
+from corral.grammar.input_checks import check_document, nesting_error
 from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
 from corral.grammar.schema_disjoint import DisjointProver
 from corral.grammar.schema_facts import (
@@ -79,7 +84,11 @@ def analyze_schema(
     """
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
-    return _Analyzer(schema, lenient, budget, source).run()
+    check_document(schema)
+    try:
+        return _Analyzer(schema, lenient, budget, source).run()
+    except RecursionError:  # the rewrites nest deeper than the input: still the client's schema
+        raise nesting_error("schema") from None
 
 
 class _Analyzer:

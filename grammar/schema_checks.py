@@ -1,4 +1,8 @@
-"""Well-formedness checks of keyword values (a malformed schema is the client's mistake)."""
+"""Well-formedness checks of keyword values (a malformed schema is the client's mistake).
+
+Copies: none; these checks only read the schemas they are given, and the `check_*` helpers return
+the value given, not a copy.
+"""
 
 from __future__ import annotations
 

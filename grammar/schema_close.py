@@ -33,6 +33,10 @@ document is such an alias in a plain position; one reference from a conjunctive 
 as it is. A reference to anything but a ``$defs``/``definitions`` entry (``#``, another pointer,
 an anchor, ``$dynamicRef``) could see a closed node from a ``not`` or a ``oneOf``, so such a
 schema is returned unchanged.
+
+Copies: the input is never changed; the result is new along the paths it closes and shares every
+other subtree with the input (it is the input itself when nothing can be closed), so treat it as
+read-only.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 from typing import Any
+
+from corral.grammar.input_checks import check_document, nesting_error
 
 _EXTRA_KEY_KEYWORDS = frozenset(
     ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames")
@@ -79,9 +85,19 @@ def close_objects(schema: Any) -> Any:
     """`schema` with ``"additionalProperties": false`` added where that only narrows it.
 
     Returns a new schema (the input is not modified); what cannot be closed is returned as it is.
+    Raises ConstraintError for a schema nested too deeply to walk (``limit="nesting_depth"``) or
+    holding a lone surrogate.
     """
     if not isinstance(schema, dict):
         return schema
+    check_document(schema)
+    try:
+        return _close(schema)
+    except RecursionError:
+        raise nesting_error("schema") from None
+
+
+def _close(schema: dict) -> dict:
     refs = _references(schema)
     if refs is None:
         return schema  # references that may not mean what a plain walk assumes: leave it all

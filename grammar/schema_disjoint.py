@@ -5,6 +5,8 @@
 side requires that the other forbids, a property both require with disjoint value schemas (the
 usual discriminator), disjoint numeric ranges and item-count ranges, and recursion through
 `allOf` (a conjunct disjoint from the other side), `anyOf` (every branch disjoint) and `$ref`.
+
+Copies: none; these helpers only read the schemas they are given.
 """
 
 from __future__ import annotations

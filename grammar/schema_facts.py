@@ -3,6 +3,8 @@
 "Analysed" schemas are the output of `schema_analysis`: no annotations, no `oneOf`, `not`,
 `if`, `format`; every `$ref` points at a hoisted definition. These helpers never guess: when
 in doubt they answer with the larger set of types.
+
+Copies: none; these helpers only read the schemas they are given.
 """
 
 from __future__ import annotations

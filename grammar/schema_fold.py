@@ -5,6 +5,9 @@ When a node's own `enum`/`const`, or one of its `allOf` conjuncts (directly or t
 its other keywords. Asking the judge (`jsonschema`) about each value and keeping the survivors
 gives a single `enum` the backend compiles instantly, where intersecting enums with ranges and
 branches (`allOf [enum, enum, anyOf [...]]`) costs it a regex product per alternative.
+
+Copies: reads the analysed node and its definitions (through `python_dialect`, which copies);
+returns a new list of values taken from the node's own `enum`/`const`.
 """
 
 from __future__ import annotations

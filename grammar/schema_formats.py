@@ -13,6 +13,8 @@ JSON Schema makes `format` an annotation unless the validator asserts it. Corral
 
 llguidance's own format regexes are not used: some accept strings the checker rejects (leap
 seconds, February 29 of common years, host names over 253 characters).
+
+Copies: `format_constraint` returns a new dict on every call.
 """
 
 from __future__ import annotations

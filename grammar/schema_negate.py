@@ -8,6 +8,9 @@ that break it (`minLength: n` becomes `maxLength: n-1`, `required: [a]` becomes
 Keywords whose negation is not expressible for the backend (`pattern`, `multipleOf`, `items`,
 `additionalProperties` with a schema, ...) raise `NotExpressible`; the caller refuses the
 keyword (strict) or reports it (lenient). Nothing is ever approximated.
+
+Copies: the schema negated is only read; the negation is built from new objects but may share
+subtrees with it.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Two strengths are needed:
 
 Translations are cached per pattern string: the first shorthand class builds a Unicode table
 (a fraction of a second, once per process), later uses cost a dictionary look-up.
+
+Copies: `key_patterns` and `python_dialect` build new maps; the analysed schema they read is not
+changed.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ under a generated name, so the schema handed to the backend only contains `#/$de
 references (`#/definitions/x`) are resolved directly; documents that use `$id` below the root,
 anchors or non-pointer references go through `referencing` (the library `jsonschema` uses), which
 costs a crawl of the document, so it is only set up when needed.
+
+Copies: none; `resolve` returns the referenced node of the document itself, which callers only
+read.
 """
 
 from __future__ import annotations

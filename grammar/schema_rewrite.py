@@ -14,6 +14,9 @@ Each rewrite is exact (same accepted instances as `jsonschema` judges them) or r
                              distinct arrangements of a small finite item domain;
 * `unevaluatedProperties` / `unevaluatedItems` without applicators -> their `additional*` form.
 Anything else (`contains`, `$dynamicRef`, ...) is refused; unknown keywords are annotations.
+
+Copies: rewrites read the input node `s` and write only into the analysis's output node `out` and
+its list of extra conjuncts; the input is never changed.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ alternatives, each intersected separately. The rewrites of `oneOf`, `not` and `i
 exactly such conjunctions of disjunctions, so a few overlapping branches can multiply into
 thousands of alternatives and seconds of compile time. `alternatives` counts them without
 building anything, so the analysis can refuse up front with a message naming the keyword.
+
+Copies: none; these helpers only read the schemas they are given.
 """
 
 from __future__ import annotations

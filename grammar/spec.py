@@ -1,4 +1,8 @@
-"""ConstraintSpec: what a client asked the output to look like, with a canonical digest."""
+"""ConstraintSpec: what a client asked the output to look like, with a canonical digest.
+
+Copies: `ConstraintSpec.json_schema` serialises the schema to canonical text and never changes it;
+`spec.schema()` parses a new copy per call.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
+from corral.grammar.input_checks import check_document, check_text, nesting_error
 
 #: Bumped whenever the meaning of a spec's fields (and so of its digest) changes.
 SPEC_VERSION = 1
@@ -68,6 +73,13 @@ class ConstraintSpec:
     strict: bool = True
     json_format: JsonFormat = field(default_factory=JsonFormat)
 
+    def __post_init__(self) -> None:
+        # The constructors below check their input with a precise pointer; this catches a spec
+        # built directly, whose digest could not even be computed with a lone surrogate in it.
+        if not isinstance(self.source, str):
+            raise ConstraintError(f"the {self.kind} constraint must be text", keyword=self.kind)
+        check_text(self.source, str(self.kind))
+
     @cached_property
     def digest(self) -> str:
         """Hex sha256 over everything that changes what the constraint allows (computed once:
@@ -113,10 +125,13 @@ class ConstraintSpec:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema, parse_constant=_refuse_constant)
+            except RecursionError:
+                raise nesting_error("schema") from None
             except (json.JSONDecodeError, ValueError) as e:
                 raise ConstraintError(f"the schema is not valid JSON: {e}") from e
         if not isinstance(schema, dict | bool):
             raise ConstraintError("a JSON schema must be an object or a boolean")
+        check_document(schema)
         try:
             source = json.dumps(
                 _canonical(schema), ensure_ascii=False, separators=(",", ":"), allow_nan=False
@@ -153,12 +168,15 @@ class ConstraintSpec:
             or not all(isinstance(c, str) for c in choices)
         ):
             raise ConstraintError("choice needs a non-empty list of strings", keyword="choice")
+        for i, c in enumerate(choices):
+            check_text(c, "choice", pointer=f"/{i}")
         return cls(ConstraintKind.CHOICE, json.dumps(list(choices), ensure_ascii=False))
 
 
 def _require_text(text: str, what: str) -> None:
     if not isinstance(text, str) or not text:
         raise ConstraintError(f"the {what} constraint must be a non-empty string", keyword=what)
+    check_text(text, what)
 
 
 def _refuse_constant(name: str) -> None:

@@ -27,9 +27,13 @@ class CacheConfig:
     """Bounds and policies of the compiled-constraint cache and the compile service.
 
     ``max_disk_bytes`` bounds every file under ``root`` (all tokenizers together); an entry
-    larger than the whole budget is kept in memory only. ``compile_deadline_s`` bounds each
-    compile as the caller sees it; a compile past it is a :class:`ConstraintError` (the
-    constraint is too complex), cached like any other refusal for ``failure_ttl_s``.
+    larger than the whole budget is kept in memory only. ``max_memory_bytes`` bounds the
+    in-process LRU by the estimated size of its entries (payload plus the backend's native
+    form), beside ``max_memory_entries``. ``compile_deadline_s`` bounds each compile as the
+    caller sees it; a compile past it is a :class:`CompileUnavailable` (``compile_timeout``:
+    HTTP 503 with ``Retry-After``), never cached as a refusal. Refusals (ConstraintError) are
+    cached for ``failure_ttl_s``. ``process_workers`` worker processes compile the risky
+    constraints, that many at a time.
     ``inline_max_source_bytes`` is, in ``auto`` mode, the largest constraint source compiled
     in process; larger ones (and EBNF grammars, which may reach xgrammar) go to a worker process.
     Worker processes start on first need (seconds: they load the tokenizer), or with the service
@@ -42,6 +46,7 @@ class CacheConfig:
     root: Path = field(default_factory=default_root)  # None also means the default
     max_disk_bytes: int = 512 * 1024 * 1024
     max_memory_entries: int = 4096
+    max_memory_bytes: int = 256 * 1024 * 1024
     failure_ttl_s: float = 300.0
     compile_deadline_s: float = 10.0
     isolation: str = "auto"
@@ -60,6 +65,8 @@ class CacheConfig:
             raise ValueError("max_disk_bytes must be >= 0 (0 disables the disk store)")
         if self.max_memory_entries < 0:
             raise ValueError("max_memory_entries must be >= 0 (0 disables the memory LRU)")
+        if self.max_memory_bytes < 0:
+            raise ValueError("max_memory_bytes must be >= 0")
         if self.failure_ttl_s < 0:
             raise ValueError("failure_ttl_s must be >= 0 (0 disables failure caching)")
         if not self.compile_deadline_s > 0:

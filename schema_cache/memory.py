@@ -11,34 +11,57 @@ from corral.schema_cache.stats import CacheStats
 
 
 class MemoryLRU:
-    """At most ``max_entries`` compiled constraints; the least recently used goes first."""
+    """Compiled constraints, least recently used evicted first, bounded in count and in bytes.
 
-    def __init__(self, max_entries: int, stats: CacheStats) -> None:
+    An entry's size is ``CompiledConstraint.size_bytes`` (its payload plus an estimate of the
+    backend's native compiled form). An entry larger than the whole byte budget is not kept.
+    """
+
+    def __init__(self, max_entries: int, stats: CacheStats, max_bytes: int | None = None) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._stats = stats
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, CompiledConstraint] = OrderedDict()
+        self._items: OrderedDict[str, tuple[CompiledConstraint, int]] = OrderedDict()
+        self._bytes = 0
 
     def get(self, key: str) -> CompiledConstraint | None:
         with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
+            found = self._items.get(key)
+            if found is None:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
 
     def put(self, key: str, item: CompiledConstraint) -> None:
         if self.max_entries == 0:
             return
+        size = item.size_bytes
+        if self.max_bytes is not None and size > self.max_bytes:
+            self._stats.inc("memory_skipped")
+            return
         with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_entries:
-                self._items.popitem(last=False)
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (item, size)
+            self._bytes += size
+            while len(self._items) > self.max_entries or (
+                self.max_bytes is not None and self._bytes > self.max_bytes
+            ):
+                _, (_, freed) = self._items.popitem(last=False)
+                self._bytes -= freed
                 self._stats.inc("evictions_memory")
+
+    @property
+    def bytes(self) -> int:
+        """The estimated bytes of the entries held."""
+        return self._bytes
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -72,4 +95,10 @@ class RefusalCache:
             if time.monotonic() >= expires:
                 del self._items[key]
                 return None
-        return ConstraintError(error.reason, error.pointer, error.keyword)
+        return copy_refusal(error)
+
+
+def copy_refusal(e: ConstraintError) -> ConstraintError:
+    """An equal, fresh error (one exception object raised in several threads shares a
+    traceback), with every field kept: reason, pointer, keyword and limit."""
+    return ConstraintError(e.reason, e.pointer, e.keyword, e.limit)

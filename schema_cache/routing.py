@@ -34,7 +34,11 @@ def needs_process(spec: ConstraintSpec, inline_max_source_bytes: int) -> bool:
     if len(spec.source) > inline_max_source_bytes:
         return True
     if spec.kind is ConstraintKind.JSON_SCHEMA and '"allOf"' in spec.source:
-        return combinator_fanout(json.loads(spec.source)) > MAX_INLINE_FANOUT
+        try:
+            schema = json.loads(spec.source)
+        except RecursionError:
+            return True  # the compile refuses it (nesting_depth); no reason to do that here
+        return combinator_fanout(schema) > MAX_INLINE_FANOUT
     return False
 
 

@@ -16,13 +16,17 @@ COUNTERS = (
     "compile_failures",  # compiles refused as the client's mistake (ConstraintError)
     "compile_errors",  # compiles that failed for another reason (a server bug)
     "deadline_hits",  # compiles stopped (worker), abandoned (thread) or no longer awaited
+    "worker_failures",  # compiles lost to a worker that died or could not start (HTTP 503)
+    "compiles_cancelled",  # worker compiles stopped because no caller waited for them any more
     "deadline_overruns",  # compiles in the calling thread that finished after the deadline
     "corrupt_entries",  # disk entries that were truncated, garbled or foreign: a miss
+    "stale_entries",  # disk entries compiled by another version of the grammar code: a miss
     "disk_writes",
     "disk_write_skipped",  # entries larger than the whole disk budget, kept in memory only
     "disk_write_errors",  # a failed write (disk full, permissions): the entry stays in memory
     "evictions_disk",
     "evictions_memory",
+    "memory_skipped",  # compiled constraints larger than the whole memory budget: not kept
     "worker_restarts",  # worker processes killed at the deadline or found dead, and replaced
     "compiles_in_process",
     "compiles_in_worker",

@@ -2,6 +2,9 @@
 
 ``corral cache warm PATH…`` reads plain JSON schemas, MaskBench files (``{"schema": …,
 "tests": …}``) and JSON-Schema-Test-Suite files (a list of ``{"schema": …}`` groups).
+
+Copies: each file is parsed once and its schemas handed to `ConstraintSpec.json_schema`, which
+serialises them; compiles run on fresh parses of that text.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ bytes); nothing is pickled. The first frames are the tokenizer (a JSON header wi
 width and EOS ids, then the tokenizer JSON); the worker builds it once, answers
 ``{"ready": fingerprint}``, and then compiles one request per frame until stdin closes. A reply
 is a JSON header frame, followed by the ``CompiledConstraint.to_bytes()`` frame when it is ok.
+
+The parent starts it with ``-P`` (see ``workers.worker_command``), so nothing is imported from
+the server's current directory.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> None:
                 "reason": e.reason,
                 "pointer": e.pointer,
                 "keyword": e.keyword,
+                "limit": e.limit,
             }
             write_frame(stdout, json.dumps(reply).encode())
         except Exception as e:  # a server bug: reported to the parent, the worker lives on

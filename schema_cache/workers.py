@@ -6,7 +6,12 @@ Each worker is ``python -m corral.schema_cache.worker_main`` (a plain subprocess
 parent's ``__main__`` is never re-imported), which builds the tokenizer once and then answers
 compile requests over its stdin/stdout. Nothing crosses the pipes as a pickle: requests and
 reply headers are JSON, a compiled constraint comes back as ``CompiledConstraint.to_bytes()``.
-A worker that passes the deadline is killed and reaped, and a fresh one is started in its place.
+A worker that passes the deadline is killed and reaped, and a fresh one is started in its place;
+so is one that dies, and one whose compile nobody waits for any more (a cancelled flight).
+
+The worker never imports from the server's working directory: it runs with ``-P`` (no script
+or current directory prepended to ``sys.path``) and with empty or relative ``PYTHONPATH`` entries
+made absolute or dropped, so a stray ``lark.py`` beside the server cannot shadow a package.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from corral.grammar import (
     JsonFormat,
     TokenizerInfo,
 )
+from corral.schema_cache.flights import CompileCancelled, Flight
 from corral.schema_cache.stats import CacheStats
 
 _LEN = struct.Struct("<I")
@@ -39,7 +45,32 @@ class DeadlineExceeded(Exception):
 
 
 class WorkerFailed(RuntimeError):
-    """A worker died, could not start, or failed for a reason that is not the client's."""
+    """A worker died or could not start: the compile could not be finished (not the client's
+    mistake, and not a bug in the compile either)."""
+
+
+_ACQUIRE_POLL_S = 0.05  # how often a compile waiting for a free worker looks for cancellation
+
+
+def _cancelled(flight: Flight | None) -> bool:
+    return flight is not None and flight.is_cancelled()
+
+
+def worker_command() -> list[str]:
+    """The worker's command line: ``-P`` keeps the current directory off its ``sys.path``."""
+    return [sys.executable, "-P", "-m", "corral.schema_cache.worker_main"]
+
+
+def worker_env() -> dict[str, str]:
+    """The environment for a worker: ours, with ``PYTHONPATH``'s entries made absolute and its
+    empty ones (which would mean the current directory) dropped."""
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    if path is not None:
+        entries = [os.path.abspath(p) for p in path.split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    env["PYTHONSAFEPATH"] = "1"
+    return env
 
 
 def read_frame(stream: BinaryIO) -> bytes | None:
@@ -81,10 +112,11 @@ class _Worker:
 
     def __init__(self, tok: TokenizerInfo) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.schema_cache.worker_main"],
+            worker_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            env=worker_env(),
         )
         self.fingerprint = tok.fingerprint
         self.ready = False
@@ -147,6 +179,13 @@ class _Worker:
             got += len(chunk)
         return b"".join(chunks)
 
+    def signal_kill(self) -> None:
+        """Kill the process from another thread; the thread that holds the worker reaps it."""
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+
     def kill(self) -> None:
         """Kill and reap the process (no zombie, no leak) and close the pipes."""
         if self.proc.poll() is None:
@@ -200,49 +239,74 @@ class WorkerPool:
         with self._lock:
             return [w.pid for w in self._all]
 
-    def compile(self, spec: ConstraintSpec, deadline_s: float) -> tuple[bytes, float]:
+    def compile(
+        self, spec: ConstraintSpec, deadline_s: float, flight: Flight | None = None
+    ) -> tuple[bytes, float]:
         """The entry bytes of ``spec`` compiled in a worker, and the seconds it took.
 
         The deadline (and the time returned) start once a worker is ready, after any start-up.
+        ``flight``, when given and cancelled meanwhile, stops the compile: a job still waiting
+        for a worker is dropped, a running one's worker is killed (and replaced).
 
         Raises ConstraintError (the client's mistake), DeadlineExceeded (the worker was killed
-        and replaced) or WorkerFailed.
+        and replaced), WorkerFailed (it died or could not start), CompileCancelled, or
+        RuntimeError (the compile failed in the worker: a bug).
         """
         if self._closed:
             raise WorkerFailed("the compile service is closed")
-        w = self._acquire()
-        t0 = time.monotonic()
-        deadline = t0 + deadline_s
+        w = self._acquire(flight)
+        if flight is not None:
+            flight.on_cancel(w.signal_kill)
         try:
-            w.send(json.dumps(spec_to_request(spec)).encode())
-            reply = json.loads(w.read_frame(deadline))
-            data = w.read_frame(deadline) if reply["status"] == "ok" else b""
-        except (DeadlineExceeded, WorkerFailed):
+            reply, data, seconds = self._run(w, spec, deadline_s)
+        except BaseException as e:
             self._replace(w)
+            if isinstance(e, DeadlineExceeded | WorkerFailed) and _cancelled(flight):
+                raise CompileCancelled from None
             raise
-        self._idle.put(w)
+        finally:
+            if flight is not None:
+                flight.on_cancel(None)
+        if _cancelled(flight):
+            self._replace(w)  # a cancellation may have killed it just as the reply came in
+        else:
+            self._idle.put(w)
         if reply["status"] == "refused":
-            raise ConstraintError(reply["reason"], reply["pointer"], reply["keyword"])
+            raise ConstraintError(
+                reply["reason"], reply["pointer"], reply["keyword"], reply.get("limit")
+            )
         if reply["status"] == "error":
-            raise WorkerFailed(
+            raise RuntimeError(
                 f"the compile failed in a worker: {reply['type']}: {reply['message']}"
             )
-        return data, time.monotonic() - t0
+        return data, seconds
 
-    def _acquire(self) -> _Worker:
+    def _run(
+        self, w: _Worker, spec: ConstraintSpec, deadline_s: float
+    ) -> tuple[dict, bytes, float]:
+        w.wait_ready(self._start_timeout_s)
         t0 = time.monotonic()
-        try:
-            w = self._idle.get(timeout=self._start_timeout_s)
-        except queue.Empty:
-            raise WorkerFailed(
-                f"no compile worker became free within {self._start_timeout_s:.0f} s"
-            ) from None
-        try:
-            w.wait_ready(max(0.0, self._start_timeout_s - (time.monotonic() - t0)))
-        except WorkerFailed:
-            self._replace(w)
-            raise
-        return w
+        w.send(json.dumps(spec_to_request(spec)).encode())
+        reply = json.loads(w.read_frame(t0 + deadline_s))
+        data = w.read_frame(t0 + deadline_s) if reply["status"] == "ok" else b""
+        return reply, data, time.monotonic() - t0
+
+    def _acquire(self, flight: Flight | None) -> _Worker:
+        """A free worker (maybe still starting); waits at most the start timeout for one, and
+        gives up as soon as ``flight`` is cancelled."""
+        give_up = time.monotonic() + self._start_timeout_s
+        while True:
+            if _cancelled(flight):
+                raise CompileCancelled
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise WorkerFailed(
+                    f"no compile worker became free within {self._start_timeout_s:.0f} s"
+                )
+            try:
+                return self._idle.get(timeout=min(left, _ACQUIRE_POLL_S))
+            except queue.Empty:
+                continue
 
     def _replace(self, w: _Worker) -> None:
         w.kill()

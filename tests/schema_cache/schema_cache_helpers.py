@@ -7,6 +7,8 @@ import os
 import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from corral.grammar import ConstraintSpec
@@ -73,3 +75,37 @@ def finish_child(proc: subprocess.Popen, timeout: float = 300) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{err[-4000:]}"
     return json.loads(out.strip().splitlines()[-1])
+
+
+SLOW_ALTERNATIVES = 60_000  # an EBNF grammar a worker takes seconds on (then refuses)
+
+
+def slow_ebnf(n: int = SLOW_ALTERNATIVES, tag: str = "w") -> ConstraintSpec:
+    return ConstraintSpec.ebnf("root ::= " + " | ".join(f'"{tag}{i}"' for i in range(n)))
+
+
+def in_background(fn, *args) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except Exception as e:
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "the condition") -> None:
+    give_up = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < give_up, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def accepts(service, spec: ConstraintSpec, text: str) -> bool:
+    ids = service.tok.encode(text)
+    m = service.get_or_compile(spec).matcher()
+    return m.accept_tokens(ids) == len(ids) and m.can_terminate()

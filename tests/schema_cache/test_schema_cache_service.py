@@ -10,7 +10,7 @@ import time
 import pytest
 from schema_cache_helpers import nested_one_of, regex_specs
 
-from corral.grammar import ConstraintError, ConstraintSpec
+from corral.grammar import CompileUnavailable, ConstraintError, ConstraintSpec
 from corral.schema_cache.routing import combinator_fanout, needs_process
 
 
@@ -90,25 +90,46 @@ def test_async_lookup_leaves_the_event_loop_free(make_service):
     assert ticks > 0, "the event loop did not run while the constraint compiled"
 
 
-def test_in_process_deadline_answers_on_time_and_the_next_request_is_served(make_service):
+def test_in_process_deadline_is_unavailable_not_a_refusal_and_the_late_outcome_is_kept(
+    make_service,
+):
     service = make_service(isolation="thread", compile_deadline_s=1.0)
     slow = lark_alternatives(60_000)  # ~4 CPU-seconds to build, mostly without the GIL
     t0 = time.monotonic()
-    with pytest.raises(ConstraintError) as err:
+    with pytest.raises(CompileUnavailable) as err:
         service.get_or_compile(slow)
     assert time.monotonic() - t0 < 1.0 + 2.0
+    assert (err.value.code, err.value.retry_after_s) == ("compile_timeout", 1)
     assert "deadline of 1 s" in err.value.reason
-    with pytest.raises(ConstraintError, match="deadline"):
-        service.get_or_compile(slow)  # the refusal is cached: no second compile
     stats = service.stats()
     assert (stats["deadline_hits"], stats["compiles_in_process"], stats["hits_failure"]) == (
         1,
         1,
-        1,
+        0,
     )
     # The abandoned build still runs; other compiles go on beside it.
     quick = regex_specs(1)[0]
     assert service.get_or_compile(quick).matcher().accept_tokens(service.tok.encode("r0-ab1")) > 0
+    # Retries join the compile still running (never a second one), each waiting at most the
+    # deadline; once it finishes, its outcome is the answer: here a refusal naming the row
+    # limit (60,000 alternatives side by side), then cached like any refusal.
+    give_up = time.monotonic() + 120
+    while True:
+        try:
+            service.get_or_compile(slow)
+        except CompileUnavailable:
+            assert time.monotonic() < give_up, "the abandoned compile never finished"
+            time.sleep(0.5)
+            continue
+        except ConstraintError as e:
+            assert e.limit == "max_items_in_row"
+            break
+        raise AssertionError("60,000 alternatives side by side compiled")
+    stats = service.stats()
+    assert (stats["compiles_in_process"], stats["compile_failures"]) == (2, 1)  # + the quick one
+    with pytest.raises(ConstraintError):
+        service.get_or_compile(slow)
+    assert service.stats()["hits_failure"] >= 1
 
 
 def test_async_caller_gets_the_deadline_on_time_for_an_in_process_compile(make_service):
@@ -120,8 +141,9 @@ def test_async_caller_gets_the_deadline_on_time_for_an_in_process_compile(make_s
 
     async def main():
         t0 = time.monotonic()
-        with pytest.raises(ConstraintError, match="deadline of 1 s"):
+        with pytest.raises(CompileUnavailable, match="deadline of 1 s") as err:
             await service.aget_or_compile(slow)
+        assert err.value.code == "compile_timeout"
         waited = time.monotonic() - t0
         return waited, await service.aget_or_compile(quick)
 
@@ -140,13 +162,14 @@ def test_worker_deadline_kills_the_worker_and_the_next_request_is_served(make_se
     pathological = ConstraintSpec.json_schema(nested_one_of(8))  # ~1 MB: seconds to compile
     assert needs_process(pathological, service.config.inline_max_source_bytes)
     t0 = time.monotonic()
-    with pytest.raises(ConstraintError) as err:
+    with pytest.raises(CompileUnavailable) as err:
         service.get_or_compile(pathological)
     assert time.monotonic() - t0 < 0.5 + 3.0
-    assert "exceeded its deadline of 0.5 s" in err.value.reason
+    assert err.value.code == "compile_timeout"
+    assert "within its deadline of 0.5 s" in err.value.reason
     assert not alive(first_worker), "the worker past its deadline is still running"
     stats = service.stats()
-    assert (stats["deadline_hits"], stats["worker_restarts"]) == (1, 1)
+    assert (stats["deadline_hits"], stats["worker_restarts"], stats["hits_failure"]) == (1, 1, 0)
 
     # Served next: an ordinary schema in process, and an EBNF grammar by the fresh worker.
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
