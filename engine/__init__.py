@@ -11,6 +11,8 @@ from typing import Any
 _EXPORTS = {
     "AsyncEngine": "corral.engine.async_engine",
     "EngineDeadError": "corral.engine.async_engine",
+    "EngineUnavailable": "corral.engine.async_engine",
+    "EngineFailure": "corral.engine.core",
     "Completion": "corral.engine.core",
     "Output": "corral.engine.core",
     "RequestError": "corral.engine.core",

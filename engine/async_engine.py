@@ -5,12 +5,21 @@ to it through a thread-safe inbox (add, abort); outputs come back through one as
 request, filled with `loop.call_soon_threadsafe`. The engine thread owns the `Engine`: nothing
 else touches it while the loop runs.
 
-    engine = AsyncEngine(loaded_model, EngineConfig(), compile_fn)
+    engine = AsyncEngine(loaded_model, EngineConfig(), compile_fn, tokenizer_fingerprint)
     await engine.start()
     async for out in engine.generate(prompt_ids, SamplingParams(...), constraint):
         ...  # out.text / out.token_ids are deltas; out.finish_reason ends each choice
     engine.abort(request_id)       # also done for you when the consumer stops iterating
     await engine.stop()
+
+Failures. A failure tied to one sequence ends that choice with finish reason "error" (see
+`Engine`). An exception in the step itself restarts the loop: every request in flight gets a
+final `Output` per live choice with finish reason "error" and `EngineFailure("engine_restarted")`,
+the engine is reset (everything freed, integrity checked) or, if that fails, rebuilt, and new
+requests are served again. `health()` says where it stands: "starting" (not started yet), "ok",
+"restarting", "down" (restarting failed `MAX_RESTART_ATTEMPTS` times in a row, or stopped);
+`health_log` keeps the last transitions with their `time.monotonic()`. While restarting or down,
+`generate` raises `EngineUnavailable` (HTTP 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -19,19 +28,33 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from corral.engine.config import EngineConfig
-from corral.engine.core import Output, SamplingParams
+from corral.engine.core import EngineFailure, Output, SamplingParams
 from corral.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
+MAX_RESTART_ATTEMPTS = 3
+_RESTART_BACKOFF_S = (0.0, 0.2, 1.0)  # before each attempt
 
-class EngineDeadError(RuntimeError):
-    """The engine loop failed (a server bug, never a client mistake); requests were aborted."""
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot take requests now (restarting, or down): retry after `retry_after_s`.
+    Never a client mistake: the API answers 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDeadError(EngineUnavailable):
+    """The engine is down: its loop failed and could not be restarted (a server bug)."""
 
 
 class AsyncEngine:
@@ -42,19 +65,27 @@ class AsyncEngine:
         model: Any,
         config: EngineConfig | None = None,
         compile_fn: Callable[[Any], Any] | None = None,
+        tokenizer_fingerprint: str | None = None,
     ) -> None:
         """`compile_fn(spec) -> CompiledConstraint` (sync, may raise ConstraintError) is what
-        `compile` runs off the event loop; `generate` itself takes a compiled constraint."""
-        self.engine = Engine(model, config)
+        `compile` runs off the event loop; `generate` itself takes a compiled constraint.
+        `tokenizer_fingerprint` (the model tokenizer's): constraints compiled for another
+        tokenizer are refused with `RequestError`."""
+        self.model = model
+        self.config = config
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+        self.engine = Engine(model, config, tokenizer_fingerprint)
         self.compile_fn = compile_fn
+        self.restarts = 0
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._health = "starting"
+        self.health_log: deque[tuple[float, str]] = deque([(time.monotonic(), "starting")], 64)
         self._stats: dict[str, float] = self.engine.stats()
-        self._error: BaseException | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -65,16 +96,33 @@ class AsyncEngine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="corral-engine", daemon=True)
         self._thread.start()
+        self._set_health("ok")
 
     async def stop(self) -> None:
-        """Stop the loop; requests still running end with finish_reason "abort"."""
+        """Stop the loop; requests still running end with finish reason "error"
+        (`EngineFailure("engine_stopped")`)."""
         if self._thread is None:
             return
         self._stopping = True
         self._wake.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
         self._thread = None
-        self.engine.close()
+        self._set_health("down")
+        if self.engine is not None:
+            self.engine.close()
+
+    def _set_health(self, state: str) -> None:
+        self._health = state
+        self.health_log.append((time.monotonic(), state))
+
+    def health(self) -> str:
+        """ "starting", "ok", "restarting" or "down" (see the module docstring)."""
+        return self._health
+
+    @property
+    def ready(self) -> bool:
+        """True when the engine can serve (`health() == "ok"`)."""
+        return self._health == "ok"
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -93,11 +141,12 @@ class AsyncEngine:
     ) -> AsyncIterator[Output]:
         """Stream a request's outputs until every choice has finished.
 
-        Raises `RequestError` (before the first output) for a client mistake. Leaving the loop
-        early (break, cancellation, a disconnected client) aborts the request.
+        Raises `RequestError` (before the first output) for a client mistake, and
+        `EngineUnavailable` while the engine is restarting or down. Leaving the loop early
+        (break, cancellation, a disconnected client) aborts the request, also when that happens
+        before the engine has taken it in.
         """
-        if self._error is not None:
-            raise self._error
+        self._check_available()
         if self._thread is None or self._loop is None:
             raise RuntimeError("call `await engine.start()` before generate()")
         params = params or SamplingParams()
@@ -109,7 +158,9 @@ class AsyncEngine:
         self._wake.set()
         remaining = params.n
         try:
-            await accepted
+            # Shielded: a cancelled caller must not cancel `accepted`, or the engine thread's
+            # answer (added or refused) would be lost and the request would run unobserved.
+            await asyncio.shield(accepted)
             while remaining:
                 item = await stream.get()
                 if isinstance(item, BaseException):
@@ -119,8 +170,8 @@ class AsyncEngine:
                 yield item
         finally:
             self._streams.pop(rid, None)
-            if remaining and accepted.done() and not accepted.exception():
-                self.abort(rid)
+            if remaining:
+                self._abort_once_added(rid, accepted)
 
     def abort(self, request_id: str) -> None:
         """Abort a request at any point (thread-safe, idempotent)."""
@@ -128,30 +179,101 @@ class AsyncEngine:
         self._wake.set()
 
     def stats(self) -> dict[str, float]:
-        """The engine's figures as of its last step (queue depth, running, kv usage, ...)."""
-        return dict(self._stats)
+        """The engine's figures as of its last loop turn (queue depth, running, kv usage, ...),
+        plus `engine_restarts`."""
+        return {**self._stats, "engine_restarts": self.restarts}
+
+    def _check_available(self) -> None:
+        if self._health == "restarting":
+            raise EngineUnavailable("the engine is restarting after a failure", retry_after_s=1)
+        if self._health == "down" and self._thread is not None:
+            raise EngineDeadError("the engine is down: it failed and could not be restarted", 30)
+
+    def _abort_once_added(self, rid: str, accepted: asyncio.Future) -> None:
+        """Abort `rid` if the engine took it in (now, or once it answers); never when it was
+        refused, since the id may then belong to another request."""
+
+        def abort_if_added(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self.abort(rid)
+
+        if accepted.done():
+            abort_if_added(accepted)
+        else:
+            accepted.add_done_callback(abort_if_added)
 
     # ---- the engine thread -------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            while not self._stopping:
-                if not self.engine.has_unfinished():
-                    self._wake.wait()
-                self._wake.clear()
-                self._drain_inbox()
-                if self.engine.has_unfinished():
-                    self._deliver(self.engine.step())
-                    self._stats = self.engine.stats()
-        except Exception as e:  # a bug in the loop: fail every stream loudly, never hang
-            log.exception("engine loop failed")
-            self._error = EngineDeadError(f"the engine loop failed: {e!r}")
-            self._fail_all(self._error)
-            self._refuse_inbox(self._error)
-            return
+        while not self._stopping:
+            try:
+                self._turn()
+            except Exception as e:  # the step itself failed: fail what is in flight, restart
+                log.exception("the engine step failed; restarting the engine loop")
+                if not self._restart(e):
+                    return
+        self._shutdown()
+
+    def _turn(self) -> None:
+        """One loop turn: wait for work, take in the inbox, run a step."""
+        if not self.engine.has_unfinished():
+            self._wake.wait()
+        self._wake.clear()
         self._drain_inbox()
-        for seq in self.engine.live_sequences():
-            self._deliver(self.engine.abort(seq.request_id))
+        outputs = self.engine.step() if self.engine.has_unfinished() else []
+        # Refreshed every turn, also after aborts alone (gauges never go stale), and before the
+        # outputs go out, so a caller never sees gauges older than its output.
+        self._stats = self.engine.stats()
+        self._deliver(outputs)
+
+    def _restart(self, error: BaseException) -> bool:
+        """Fail every live sequence, then reset (or rebuild) the engine; False when down."""
+        self._set_health("restarting")
+        self.restarts += 1
+        failure = EngineFailure(
+            "engine_restarted",
+            f"the engine step failed ({type(error).__name__}: {error}); the engine was "
+            "restarted and this request was ended; retry it",
+        )
+        try:
+            self._deliver(self.engine.fail_all(failure))
+        except Exception:
+            log.exception("failing the requests in flight failed")
+        for attempt in range(MAX_RESTART_ATTEMPTS):
+            time.sleep(_RESTART_BACKOFF_S[attempt])
+            try:
+                self.engine.reset() if attempt == 0 else self._rebuild()
+            except Exception:
+                log.exception("engine restart attempt %d failed", attempt + 1)
+                continue
+            self._stats = self.engine.stats()
+            self._set_health("ok")
+            return True
+        self._die(EngineDeadError("the engine failed and could not be restarted", 30))
+        return False
+
+    def _rebuild(self) -> None:
+        """A fresh `Engine` (new KV pool, tree, scheduler) on the same model; armed test faults
+        carry over, so one that fired does not fire again."""
+        old, self.engine = self.engine, None
+        faults = old.faults
+        try:
+            old.close()
+        except Exception:
+            log.exception("closing the failed engine failed")
+        del old
+        self.engine = Engine(self.model, self.config, self.tokenizer_fingerprint)
+        self.engine.faults = faults
+
+    def _die(self, error: EngineDeadError) -> None:
+        self._set_health("down")
+        self._fail_streams(error)
+        self._refuse_inbox(error)
+
+    def _shutdown(self) -> None:
+        self._drain_inbox()
+        stopped = EngineFailure("engine_stopped", "the server is shutting down")
+        self._deliver(self.engine.fail_all(stopped))
         self._stats = self.engine.stats()
 
     def _drain_inbox(self) -> None:
@@ -203,7 +325,7 @@ class AsyncEngine:
             if cmd[0] == "add":
                 self._resolve(cmd[-1], error)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_streams(self, error: BaseException) -> None:
         def put() -> None:
             for stream in self._streams.values():
                 stream.put_nowait(error)

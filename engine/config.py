@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from corral.engine.faults import parse_faults
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -26,6 +28,8 @@ class EngineConfig:
       process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
     - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
       this many requests (the match costs a tree walk each); beyond it, first come first served.
+    - `faults`: test-only fault injection (`engine.faults`, e.g. "step@3,seq@5"); None reads the
+      `CORRAL_FAULTS` environment variable when the engine is built.
     """
 
     kv_cache_bytes: int = 1 << 30
@@ -38,6 +42,7 @@ class EngineConfig:
     lookup_draft_tokens: int = 8
     num_threads: int | None = None
     lpm_queue_limit: int = 128
+    faults: str | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -58,6 +63,8 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.faults is not None:
+            parse_faults(self.faults)  # a malformed fault list is refused here, not mid-run
         if self.num_threads is None:
             object.__setattr__(self, "num_threads", available_cores())
         elif self.num_threads < 1:

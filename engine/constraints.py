@@ -8,6 +8,15 @@ model (the grammar backends release the GIL); the sampler waits for the result, 
 Jump-forward drafts (see `jump_forward`) get one mask row per draft position. The verification
 rows' masks are filled by accepting the draft tokens one by one (each row is
 the mask *after* the draft tokens before it) and rolling the matcher back afterwards.
+
+Matcher failures (the `Matcher.error`/`recover` contract). A backend that hits a runtime limit
+enters a sticky error state. After every fill, and after every refused accept, the matcher is
+asked for `error()`; if set, it is rebuilt and replayed (`recover()`) once and the operation is
+retried; if it is still in error, the sequence cannot continue under its constraint and
+`SequenceFailed("constraint_failed")` is raised. On the mask thread the failure (or any other
+exception of one sequence's matcher) is recorded on the sequence (`seq.failure`) and its rows
+are filled with "everything allowed" so the batch samples normally; the step then fails that
+sequence instead of taking its token.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from corral.engine.core import Sequence
+from corral.engine.core import EngineFailure, Sequence, SequenceFailed
 
 
 @dataclass
@@ -36,29 +45,96 @@ class MaskFiller:
         self.words = (vocab_size + 31) // 32
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
 
-    def start(self, jobs: list[MaskJob], num_rows: int) -> Future[torch.Tensor]:
-        """Begin filling an `int32[num_rows, W]` bitmask; the future yields it."""
+    def start(
+        self, jobs: list[MaskJob], num_rows: int, fault: Exception | None = None
+    ) -> Future[torch.Tensor]:
+        """Begin filling an `int32[num_rows, W]` bitmask; the future yields it. `fault` (tests,
+        `engine.faults`) is raised inside the first job's fill."""
         bitmask = torch.empty(num_rows, self.words, dtype=torch.int32)
-        return self._pool.submit(_fill, jobs, bitmask)
+        return self._pool.submit(_fill, jobs, bitmask, fault)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
 
-def _fill(jobs: list[MaskJob], bitmask: torch.Tensor) -> torch.Tensor:
-    for job in jobs:
-        m = job.seq.matcher
-        row = job.first_row
-        _fill_row(m, bitmask, row)
-        accepted = 0
-        for tok in job.draft:
-            if not m.accept(tok):  # drafts were checked when made; stay safe anyway
-                break
-            accepted += 1
-            row += 1
-            _fill_row(m, bitmask, row)
-        m.rollback(accepted)
+def constraint_failed(message: str) -> SequenceFailed:
+    return SequenceFailed(EngineFailure("constraint_failed", message))
+
+
+def _unrecoverable(error: str) -> SequenceFailed:
+    # Backends append their whole state and grammar to the message: the first line says why.
+    lines = error.strip().splitlines()
+    why = lines[0][:300] if lines else "the matcher is in an error state"
+    return constraint_failed(f"the grammar matcher failed and could not be rebuilt: {why}")
+
+
+def fill_checked(matcher, bitmask: torch.Tensor, row: int) -> None:
+    """Fill `bitmask[row]` (all ones when everything is allowed), recovering a matcher in error
+    once; raises `SequenceFailed` when it stays in error."""
+    _fill_row(matcher, bitmask, row)
+    error = matcher.error()
+    if error is None:
+        return
+    if matcher.recover():
+        _fill_row(matcher, bitmask, row)
+        error = matcher.error()
+        if error is None:
+            return
+    raise _unrecoverable(error)
+
+
+def accept_checked(matcher, token: int) -> bool:
+    """`matcher.accept(token)`, recovering a matcher in error once. False: the grammar refused
+    the token (a state, no error); raises `SequenceFailed` when the matcher stays in error."""
+    if matcher.accept(token):
+        return True
+    error = matcher.error()
+    if error is None:
+        return False
+    if matcher.recover():
+        if matcher.accept(token):
+            return True
+        error = matcher.error()
+        if error is None:
+            return False
+    raise _unrecoverable(error)
+
+
+def _fill(jobs: list[MaskJob], bitmask: torch.Tensor, fault: Exception | None) -> torch.Tensor:
+    for i, job in enumerate(jobs):
+        try:
+            if i == 0 and fault is not None:
+                raise fault
+            _fill_job(job, bitmask)
+        except SequenceFailed as e:
+            _fail_job(job, bitmask, e.failure)
+        except Exception as e:  # one sequence's matcher broke: that sequence fails, not the step
+            failure = EngineFailure("sequence_failed", f"filling the grammar mask failed: {e!r}")
+            _fail_job(job, bitmask, failure)
     return bitmask
+
+
+def _fill_job(job: MaskJob, bitmask: torch.Tensor) -> None:
+    m = job.seq.matcher
+    row, last = job.first_row, job.first_row + len(job.draft)
+    fill_checked(m, bitmask, row)
+    accepted = 0
+    for tok in job.draft:
+        if not accept_checked(m, tok):  # drafts were checked when made; stay safe anyway
+            break
+        accepted += 1
+        row += 1
+        fill_checked(m, bitmask, row)
+    if row < last:
+        # Rows after a refused draft token are never taken (that token is masked out in the
+        # row before); keep them defined.
+        bitmask[row + 1 : last + 1].fill_(-1)
+    m.rollback(accepted)
+
+
+def _fail_job(job: MaskJob, bitmask: torch.Tensor, failure: EngineFailure) -> None:
+    job.seq.failure = failure
+    bitmask[job.first_row : job.first_row + len(job.draft) + 1].fill_(-1)
 
 
 def _fill_row(matcher, bitmask: torch.Tensor, row: int) -> None:

@@ -7,6 +7,7 @@ Fields the engine fills later are `field(init=False)`. Sequences are identity-ha
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +28,15 @@ class EngineFailure:
     message: str
 
 
+class SequenceFailed(Exception):
+    """Raised by work tied to one sequence that knows why it must end (e.g. its matcher is in a
+    backend error state it could not recover from); the step fails that sequence only."""
+
+    def __init__(self, failure: EngineFailure) -> None:
+        super().__init__(f"{failure.code}: {failure.message}")
+        self.failure = failure
+
+
 class RequestError(ValueError):
     """A client mistake in a request (bad parameter, too long): the API maps it to HTTP 400."""
 
@@ -39,7 +49,16 @@ class SamplingParams:
     random draws: a seeded request produces the same tokens whatever it is batched with. `stop`
     strings are not part of the returned text. `logprobs` returns the sampled token's log
     probability, `top_logprobs` that many alternatives (both under the masked distribution at
-    temperature 1, after penalties).
+    temperature 1, after penalties); alternatives the mask forbids are omitted, so `top` may be
+    shorter than asked, and every reported logprob is finite.
+
+    Penalties (vLLM semantics): `repetition_penalty` (> 0; 1 is off) divides the positive logits
+    of tokens seen in the prompt or the output so far and multiplies the negative ones; then
+    `frequency_penalty` (times the count) and `presence_penalty` (once) are subtracted for
+    tokens seen in the output. `min_tokens`: EOS and `stop_token_ids` are masked out until that
+    many output tokens exist, and stop strings do not end the output before it; where a grammar
+    allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
+    `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
     """
 
     max_tokens: int = 16
@@ -53,6 +72,8 @@ class SamplingParams:
     ignore_eos: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
     logprobs: bool = False
     top_logprobs: int = 0
     n: int = 1
@@ -68,6 +89,11 @@ class SamplingParams:
             (not 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
             (not -2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (not -2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (
+                not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)),
+                f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty}",
+            ),
+            (self.min_tokens < 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (not 0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
             (self.n < 1, f"n must be >= 1, got {self.n}"),
             (any(not s for s in self.stop), "stop strings must be non-empty"),
@@ -82,7 +108,11 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+        )
 
     @property
     def wants_logprobs(self) -> bool:
@@ -123,6 +153,7 @@ class Completion:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
+    error: EngineFailure | None = None
 
     def add(self, out: Output) -> None:
         self.text += out.text
@@ -131,6 +162,7 @@ class Completion:
             self.logprobs.extend(out.logprobs)
         self.finish_reason = out.finish_reason
         self.num_cached_tokens = out.num_cached_tokens
+        self.error = out.error
 
 
 class SeqStatus(enum.Enum):
@@ -159,6 +191,9 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list, init=False)
     status: SeqStatus = field(default=SeqStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
+    error: EngineFailure | None = field(default=None, init=False)  # with finish "error"
+    # Set on the mask thread when this sequence's matcher broke: its sampled row is discarded.
+    failure: EngineFailure | None = field(default=None, init=False)
     kv: Any = field(default=None, init=False)  # int64 tensor of slots, owned by cache manager
     node: Any = field(default=None, init=False)  # locked radix node
     prefix_len: int = field(default=0, init=False)
@@ -174,6 +209,7 @@ class Sequence:
     detok: Any = field(default=None, init=False)  # detokenize.Detokenizer
     pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output
     pending_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
+    seen_prompt: Any = field(default=None, init=False)  # int64 ids in the prompt (penalty)
 
     @property
     def num_tokens(self) -> int:

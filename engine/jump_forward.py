@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from corral.engine.constraints import accept_checked, fill_checked
 from corral.engine.core import Sequence
 
 _CONTEXT_TOKENS = (3, 1)  # output tokens tried as tokenization context, longest first
@@ -134,11 +135,17 @@ def make_draft(seq: Sequence, tokenizer, limit: int, hints: DraftHints | None = 
 
 
 def _accepted_prefix(seq: Sequence, draft: list[int]) -> int:
-    """How many leading `draft` tokens `seq`'s matcher accepts; the matcher is left as it was."""
-    if seq.matcher is None or not draft:
+    """How many leading `draft` tokens `seq`'s matcher accepts; the matcher is left as it was.
+    A matcher in error is recovered once (`constraints.accept_checked`) or fails the sequence."""
+    m = seq.matcher
+    if m is None or not draft:
         return len(draft)
-    ok = seq.matcher.accept_tokens(draft)
-    seq.matcher.rollback(ok)
+    ok = 0
+    for tok in draft:
+        if not accept_checked(m, tok):
+            break
+        ok += 1
+    m.rollback(ok)
     return ok
 
 
@@ -190,7 +197,8 @@ def _tokenize_after(output: list[int], tokenizer, text: str) -> list[int]:
 def forced_token(seq: Sequence, buf: torch.Tensor) -> int | None:
     """The only token `seq`'s grammar allows now, or None (also for logprob requests).
 
-    `buf` is a scratch `int32[1, W]` bitmask. The mask is only computed where one token can be
+    `buf` is a scratch `int32[1, W]` bitmask (all ones when the grammar allows everything,
+    which never forces a token). The mask is only computed where one token can be
     the only choice: forced bytes ahead or EOS allowed (with a byte-level vocabulary every
     allowed first byte is a token of its own, so otherwise two or more tokens are allowed).
     """
@@ -199,8 +207,7 @@ def forced_token(seq: Sequence, buf: torch.Tensor) -> int | None:
         return None
     if not m.forced_continuation() and not m.can_terminate():
         return None
-    if not m.fill_mask(buf, 0):
-        return None
+    fill_checked(m, buf, 0)  # a matcher in error is recovered once, or fails the sequence
     row = buf[0]
     words = row.nonzero()
     if words.numel() != 1:

@@ -3,17 +3,29 @@
 Finish rules, checked after every appended token, first match wins:
 - an EOS token (unless `ignore_eos`) or a request stop token -> "stop"; neither appears in text;
 - the grammar is terminated (EOS accepted, or nothing may follow) -> "stop";
-- a stop string in the decoded text -> "stop" (cut there);
+- a stop string in the decoded text -> "stop" (cut there), only from `min_tokens` outputs on;
 - `max_tokens` output tokens, or the context length reached -> "length".
 
 Constrained outputs: the request's stop strings and stop tokens only count where the grammar
 could end here (`matcher.can_terminate()`), so a stop string inside a JSON string value never
 truncates the JSON. EOS is only sampled where the grammar allows it (the mask).
+
+Failures: a sampled token the matcher refuses (after one recovery of a matcher in error, see
+`constraints.accept_checked`), or a row with no allowed token, raises `SequenceFailed`
+("constraint_failed"); the engine then ends the sequence with finish reason "error" (`fail`).
 """
 
 from __future__ import annotations
 
-from corral.engine.core import FinishReason, Output, SeqStatus, Sequence, TokenLogprob
+from corral.engine.constraints import accept_checked, constraint_failed
+from corral.engine.core import (
+    EngineFailure,
+    FinishReason,
+    Output,
+    SeqStatus,
+    Sequence,
+    TokenLogprob,
+)
 
 
 class Postprocessor:
@@ -31,8 +43,7 @@ class Postprocessor:
         draft = seq.draft
         appended = 0
         for i, tok in enumerate(tokens):
-            if not self._append(seq, tok, logprobs[i]):
-                break
+            self._append(seq, tok, logprobs[i])
             appended += 1
             if seq.finish_reason is not None or i >= len(draft) or tok != draft[i]:
                 break
@@ -42,12 +53,12 @@ class Postprocessor:
         """Append a token the grammar forces (no logprob: such requests are never forced)."""
         self._append(seq, tok, None)
 
-    def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> bool:
+    def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> None:
         m = seq.matcher
-        if tok < 0 or (m is not None and not m.accept(tok)):
-            # Only possible when the grammar allowed nothing at all: a backend failure.
-            self.finish(seq, "abort")
-            return False
+        if tok < 0:
+            raise constraint_failed("no token was allowed: the grammar mask was empty")
+        if m is not None and not accept_checked(m, tok):
+            raise constraint_failed(f"the grammar refused token {tok}, which its own mask allowed")
         seq.output_ids.append(tok)
         seq.pending_ids.append(tok)
         if lp is not None:
@@ -56,20 +67,19 @@ class Postprocessor:
         complete = m is None or m.can_terminate()
         if (tok in self.eos and not p.ignore_eos) or (complete and tok in p.stop_token_ids):
             self.finish(seq, "stop")
-            return True
+            return
         seq.detok.add(tok)
         if m is not None and m.is_terminated():
             self.finish(seq, "stop")
-            return True
+            return
         if p.stop:
-            if complete and seq.detok.find_stop():
+            if complete and len(seq.output_ids) >= p.min_tokens and seq.detok.find_stop():
                 self.finish(seq, "stop", cut=True)
-                return True
-            if not complete:
+                return
+            if not complete or len(seq.output_ids) < p.min_tokens:
                 seq.detok.skip_stop_search()
         if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             self.finish(seq, "length")
-        return True
 
     def finish(self, seq: Sequence, reason: FinishReason, cut: bool = False) -> None:
         """Mark `seq` finished; unless a stop string cut the text, flush pending bytes."""
@@ -77,6 +87,13 @@ class Postprocessor:
         seq.status = SeqStatus.FINISHED
         if not cut:
             seq.detok.flush()
+
+    def fail(self, seq: Sequence, failure: EngineFailure) -> None:
+        """End `seq` with finish reason "error" (its pending bytes are dropped: its detokenizer
+        may be what failed)."""
+        seq.finish_reason = "error"
+        seq.error = failure
+        seq.status = SeqStatus.FINISHED
 
     def emit(self, seq: Sequence) -> Output:
         """What is new for `seq` since its last output."""
@@ -90,7 +107,22 @@ class Postprocessor:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=len(seq.prompt_ids),
             num_cached_tokens=seq.num_cached_tokens,
+            error=seq.error,
         )
         seq.pending_ids = []
         seq.pending_logprobs = []
         return out
+
+    def bare_output(self, seq: Sequence) -> Output:
+        """The final `Output` of a failed `seq` without touching its detokenizer or tokens."""
+        return Output(
+            request_id=seq.request_id,
+            index=seq.index,
+            text="",
+            token_ids=(),
+            logprobs=() if seq.params.wants_logprobs else None,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=len(seq.prompt_ids),
+            num_cached_tokens=seq.num_cached_tokens,
+            error=seq.error,
+        )

@@ -1,16 +1,22 @@
-"""Sampling glue: penalties, the grammar mask, logprobs, then `mask_kernels.sample`.
+"""Sampling glue: penalties, the grammar mask, min_tokens, logprobs, then `mask_kernels.sample`.
 
 One call handles every logits row of a step. A row is described by a `RowSpec`: its sequence,
 the output position it samples (the RNG offset, so a seeded row's draw does not depend on the
 batch), and for jump-forward verification rows the draft tokens assumed before it (they count
-for the presence/frequency penalties exactly as they would token by token).
+for the penalties and for `min_tokens` exactly as they would token by token).
+
+Order per row: repetition penalty (tokens of prompt + output), frequency/presence penalties
+(output), the grammar mask, then the `min_tokens` ban of EOS and stop tokens, which is lifted
+for a row where it would leave nothing allowed (the grammar wins: it allows only EOS there).
 
 Logprobs are those of the masked distribution at temperature 1, after penalties (what
-`mask_kernels.sample` reports for the sampled token); `top_logprobs` come from the same one.
+`mask_kernels.sample` reports for the sampled token); `top_logprobs` come from the same one and
+omit masked alternatives (-inf), so they may be fewer than asked; every value is finite.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +39,14 @@ def sample_rows(
     specs: list[RowSpec],
     bitmask: torch.Tensor | None = None,
     mask_rows: torch.Tensor | None = None,
+    eos: frozenset[int] = frozenset(),
 ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """Sample one token per row of `logits` (modified in place); logprobs where asked."""
+    """Sample one token per row of `logits` (modified in place); logprobs where asked.
+    `eos`: the model's EOS ids (banned with the stop tokens until `min_tokens`)."""
     _apply_penalties(logits, specs)
     if bitmask is not None and bitmask.shape[0]:
         apply_bitmask_(logits, bitmask, mask_rows)
+    _ban_early_stops(logits, specs, eos)
     top = _top_logprobs(logits, specs)
     result = sample(logits, None, _tensors(specs, logits.device))
     tokens = result.tokens.tolist()
@@ -67,27 +76,81 @@ def _tensors(specs: list[RowSpec], device: torch.device) -> SamplingTensors:
 
 
 def _apply_penalties(logits: torch.Tensor, specs: list[RowSpec]) -> None:
-    """OpenAI presence/frequency penalties over the output tokens so far, all rows at once."""
+    """Repetition (prompt + output), then frequency/presence (output) penalties, all rows at
+    once; only rows that ask for a penalty are touched."""
     rows = [i for i, s in enumerate(specs) if s.seq.params.penalized]
     if not rows:
         return
-    vocab = logits.shape[1]
+    dev, dtype = logits.device, logits.dtype
+    params = [specs[i].seq.params for i in rows]
+    counts = _output_counts(specs, rows, logits.shape[1], dtype, dev)
+    idx = torch.tensor(rows, device=dev)
+    sub = logits[idx]
+    if any(p.repetition_penalty != 1 for p in params):
+        seen = counts > 0
+        for r, i in enumerate(rows):
+            if params[r].repetition_penalty != 1:
+                seen[r, _prompt_ids(specs[i].seq, dev)] = True
+        rp = torch.tensor([p.repetition_penalty for p in params], dtype=dtype, device=dev)
+        rp = rp.unsqueeze(1)
+        sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
+    if any(p.frequency_penalty or p.presence_penalty for p in params):
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=dtype, device=dev)
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=dtype, device=dev)
+        sub = sub - (freq[:, None] * counts + pres[:, None] * (counts > 0).to(dtype))
+    logits[idx] = sub
+
+
+def _output_counts(
+    specs: list[RowSpec], rows: list[int], vocab: int, dtype: torch.dtype, dev: torch.device
+) -> torch.Tensor:
+    """float[len(rows), V]: how often each token occurs in the row's output (+ assumed drafts)."""
     row_idx, tok_idx = [], []
     for r, i in enumerate(rows):
         spec = specs[i]
         toks = spec.seq.output_ids + spec.assumed
         row_idx.extend([r] * len(toks))
         tok_idx.extend(toks)
-    counts = torch.zeros(len(rows), vocab, dtype=logits.dtype, device=logits.device)
+    counts = torch.zeros(len(rows), vocab, dtype=dtype, device=dev)
     if tok_idx:
-        ri = torch.tensor(row_idx, device=logits.device)
-        ti = torch.tensor(tok_idx, device=logits.device).clamp_(max=vocab - 1)
-        counts.index_put_((ri, ti), torch.ones(len(ti), dtype=logits.dtype), accumulate=True)
-    freq = torch.tensor([specs[i].seq.params.frequency_penalty for i in rows], dtype=logits.dtype)
-    pres = torch.tensor([specs[i].seq.params.presence_penalty for i in rows], dtype=logits.dtype)
-    penalty = freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
-    idx = torch.tensor(rows, device=logits.device)
-    logits[idx] = logits[idx] - penalty.to(logits.device)
+        ri = torch.tensor(row_idx, device=dev)
+        ti = torch.tensor(tok_idx, device=dev).clamp_(max=vocab - 1)
+        counts.index_put_((ri, ti), torch.ones(len(ti), dtype=dtype, device=dev), accumulate=True)
+    return counts
+
+
+def _prompt_ids(seq: Sequence, dev: torch.device) -> torch.Tensor:
+    """The distinct token ids of `seq`'s prompt, made once per sequence."""
+    ids = seq.seen_prompt
+    if ids is None or ids.device != dev:
+        ids = seq.seen_prompt = torch.tensor(sorted(set(seq.prompt_ids)), device=dev)
+    return ids
+
+
+def _ban_early_stops(logits: torch.Tensor, specs: list[RowSpec], eos: frozenset[int]) -> None:
+    """`min_tokens`: EOS (unless `ignore_eos`) and stop tokens become -inf on rows sampling an
+    output position below it, except on rows where nothing else would be left."""
+    rows, row_idx, tok_idx, owner = [], [], [], []
+    vocab = logits.shape[1]
+    for i, spec in enumerate(specs):
+        p = spec.seq.params
+        if spec.offset >= p.min_tokens:
+            continue
+        banned = set(p.stop_token_ids) if p.ignore_eos else eos.union(p.stop_token_ids)
+        banned = [t for t in banned if 0 <= t < vocab]
+        if banned:
+            row_idx.extend([i] * len(banned))
+            tok_idx.extend(banned)
+            owner.extend([len(rows)] * len(banned))
+            rows.append(i)
+    if not rows:
+        return
+    dev = logits.device
+    ri, ti = torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)
+    saved = logits[ri, ti]
+    logits[ri, ti] = float("-inf")
+    dead = logits[torch.tensor(rows, device=dev)].amax(dim=1) == float("-inf")
+    logits[ri, ti] = torch.where(dead[torch.tensor(owner, device=dev)], saved, logits[ri, ti])
 
 
 def _top_logprobs(
@@ -106,5 +169,6 @@ def _top_logprobs(
     out = {}
     for r, i in enumerate(want):
         n = specs[i].seq.params.top_logprobs
-        out[i] = tuple(zip(ids[r, :n].tolist(), values[r, :n].tolist(), strict=True))
+        pairs = zip(ids[r, :n].tolist(), values[r, :n].tolist(), strict=True)
+        out[i] = tuple((t, v) for t, v in pairs if math.isfinite(v))  # masked ones omitted
     return out

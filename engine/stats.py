@@ -10,6 +10,7 @@ from corral.engine.scheduler import Scheduler
 COUNTERS = (
     "requests",
     "aborted",
+    "failed",
     "prompt_tokens",
     "output_tokens",
     "steps",
@@ -30,7 +31,9 @@ def collect(counters: Counter[str], scheduler: Scheduler, cache: CacheManager) -
 
     Gauges: `waiting` (queue depth, in sequences), `running`, `kv_capacity_tokens`,
     `kv_free_tokens`, `kv_usage` (fraction of KV slots held by sequences or the prefix cache),
-    `radix_cached_tokens` (tokens in the prefix cache now).
+    `radix_cached_tokens` (tokens in the prefix cache now), `kv_request_tokens` (slots held by
+    requests outside the prefix cache) and `radix_locked_tokens` (prefix-cache tokens pinned by
+    requests): both are 0 whenever no request is running, or something leaked.
 
     Counters since start: `radix_hit_tokens` (prompt tokens served from the prefix cache),
     `preemptions`, `forward_passes` (model forward calls: one per step), `seq_forward_passes`
@@ -38,7 +41,8 @@ def collect(counters: Counter[str], scheduler: Scheduler, cache: CacheManager) -
     draft tokens fed for verification), `draft_accepted`, `lookup_draft_tokens` and
     `lookup_draft_accepted` (the part of those two from lookup drafts), `forced_tokens`
     (appended with no selection pass), `jump_forward_tokens` (draft_accepted + forced_tokens),
-    `step_seconds` (time inside `Engine.step`), and the rest of `COUNTERS`.
+    `failed` (sequences ended with finish reason "error"), `step_seconds` (time inside
+    `Engine.step`), and the rest of `COUNTERS`.
 
     Ratios: `forward_passes_per_output_token` (seq_forward_passes / output_tokens),
     `draft_acceptance_rate` (draft_accepted / draft_tokens).
@@ -52,6 +56,8 @@ def collect(counters: Counter[str], scheduler: Scheduler, cache: CacheManager) -
         "kv_free_tokens": pool.num_free,
         "kv_usage": 1 - pool.num_free / pool.capacity,
         "radix_cached_tokens": cache.radix.total_size,
+        "kv_request_tokens": pool.capacity - pool.num_free - cache.radix.total_size,
+        "radix_locked_tokens": cache.radix.protected_size,
         "radix_hit_tokens": cache.hit_tokens,
         "preemptions": scheduler.num_preemptions,
         "forward_passes": c["steps"],
