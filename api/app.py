@@ -1,4 +1,8 @@
-"""create_app: the FastAPI application of one ServerState (routes, auth, errors, metrics)."""
+"""create_app: the FastAPI application of one ServerState (routes, auth, errors, metrics).
+
+Two pure ASGI middlewares wrap it: ``_BodyLimit`` refuses a body over ``max_body_bytes`` (413)
+before it is read or parsed, ``_StatusCounter`` counts every response by route and status.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,15 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from corral.api.errors import install_error_handlers, model_not_found, unauthorized
+from corral.api.engine_call import engine_health
+from corral.api.errors import (
+    install_error_handlers,
+    model_not_found,
+    request_too_large,
+    unauthorized,
+)
 from corral.api.openapi import build_openapi
 from corral.api.protocol import ChatCompletionRequest, CompletionRequest
 from corral.api.responses import (
@@ -29,7 +40,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid request, schema or grammar"},
     401: {"model": ErrorResponse, "description": "missing or wrong API key"},
     404: {"model": ErrorResponse, "description": "unknown model"},
+    413: {"model": ErrorResponse, "description": "request body over the server's limit"},
     429: {"model": ErrorResponse, "description": "queue full; see Retry-After"},
+    500: {"model": ErrorResponse, "description": "the generation failed (code names why)"},
+    503: {"model": ErrorResponse, "description": "engine or compiler unavailable; Retry-After"},
 }
 
 
@@ -68,7 +82,8 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Corral", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.corral = state
     install_error_handlers(app)
-    app.add_middleware(_StatusCounter, state=state)
+    app.add_middleware(_BodyLimit, max_bytes=state.config.max_body_bytes)
+    app.add_middleware(_StatusCounter, state=state)  # outermost: counts the 413s too
     _add_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -110,9 +125,16 @@ def _add_routes(app: FastAPI) -> None:
             raise model_not_found(model, state.model_name)
         return JSONResponse(dump(_card(state)))
 
-    @app.get("/health")
-    async def health(request: Request) -> dict[str, str]:
-        return {"status": "ok", "model": _state(request).model_name}
+    @app.get("/health", responses={503: {"description": "the engine cannot serve now"}})
+    async def health(request: Request) -> JSONResponse:
+        """200 ``{"status": "ok"}`` only while the engine can serve; else 503 with its state
+        ("starting", "restarting" or "down")."""
+        state = _state(request)
+        status = engine_health(state.engine)
+        body = {"status": status, "model": state.model_name}
+        if status == "ok":
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 
     @app.get("/metrics", response_class=Response)
     async def metrics(request: Request) -> Response:
@@ -153,3 +175,60 @@ class _StatusCounter:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+# Closing the connection after a 413 stops a client that is still uploading the rest of the
+# body (clients read the early response when their next write fails).
+_CLOSE = {"Connection": "close"}
+
+
+class _TooLarge(StarletteHTTPException):
+    """Raised from ``receive`` when a body without Content-Length outgrows the limit: FastAPI
+    passes an HTTPException through its body parsing, and the error handlers answer 413."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, request_too_large(max_bytes).message, headers=_CLOSE)
+
+
+class _BodyLimit:
+    """Pure ASGI middleware: a body over ``max_bytes`` is refused with a 413 before it is read.
+
+    A declared Content-Length over the limit is answered at once, without reading a byte; a
+    chunked body is counted as it arrives and refused as soon as it passes the limit.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = _content_length(scope)
+        if length is not None and length > self.max_bytes:
+            refusal = request_too_large(self.max_bytes)
+            refusal.headers.update(_CLOSE)
+            await refusal.response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def _content_length(scope: dict[str, Any]) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

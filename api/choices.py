@@ -7,16 +7,27 @@ could still be the start of the tool-call tag.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from corral.api.outcomes import finish_reason
 from corral.api.responses import ChoiceLogprobs, TokenLogprob, TopLogprob
 from corral.api.tools import TOOL_CALL_TAG, ParsedOutput, ToolPlan, parse_output
 
+#: what a sampled token's log probability is reported as if it is not a finite number (OpenAI
+#: itself reports -9999.0 for "as good as impossible"); JSON has no -inf or NaN
+FLOOR_LOGPROB = -9999.0
+
 
 class LogprobFormatter:
-    """Engine ``TokenLogprob``s (ids) -> OpenAI logprob entries (token text and bytes)."""
+    """Engine ``TokenLogprob``s (ids) -> OpenAI logprob entries (token text and bytes).
+
+    Every number is finite: alternatives the constraint masked out (log probability -inf) are
+    omitted from ``top_logprobs``, so a constrained choice may list fewer than asked for. The
+    engine already guarantees this; the guard here keeps a response valid JSON regardless.
+    """
 
     def __init__(self, tokenizer: Any, top: int) -> None:
         self.top = top
@@ -24,13 +35,13 @@ class LogprobFormatter:
 
     def entry(self, lp: Any) -> TokenLogprob:
         text = self._text(lp.token_id)
+        allowed = [(i, v) for i, v in lp.top if math.isfinite(v)][: self.top]
         tops = [
             TopLogprob(token=self._text(i), logprob=v, bytes=list(self._text(i).encode()))
-            for i, v in lp.top[: self.top]
+            for i, v in allowed
         ]
-        return TokenLogprob(
-            token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=tops
-        )
+        value = lp.logprob if math.isfinite(lp.logprob) else FLOOR_LOGPROB
+        return TokenLogprob(token=text, logprob=value, bytes=list(text.encode()), top_logprobs=tops)
 
     def content(self, lps: list[Any]) -> ChoiceLogprobs:
         return ChoiceLogprobs(content=[self.entry(lp) for lp in lps])
@@ -82,11 +93,10 @@ class ChoiceState:
         return self.finish_reason is not None
 
     def result(self) -> tuple[ParsedOutput, str]:
-        """The final content / tool calls and the OpenAI finish reason."""
+        """The final content / tool calls and the OpenAI finish reason (of a choice that ended
+        well: failed choices are raised by ``EngineCall`` before they get here)."""
         parsed = parse_output(self.text, self.plan)
-        if parsed.tool_calls:
-            return parsed, "tool_calls"
-        return parsed, "length" if self.finish_reason == "length" else "stop"
+        return parsed, finish_reason(self.finish_reason, bool(parsed.tool_calls))
 
     def held_text(self) -> tuple[str, list[Any]]:
         """At the end: held-back text that turned out not to be tool calls, to release as content."""

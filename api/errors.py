@@ -2,13 +2,16 @@
 
 Client mistakes are typed (``ApiError``, ``ConstraintError``, the engine's ``RequestError``,
 pydantic validation errors) and map to 4xx with ``{"error": {"message", "type", "param",
-"code"}}``. Anything else is a server bug: a 500, logged with its traceback.
+"code"}}``. The server's own temporary trouble is typed too (``CompileUnavailable``, the
+engine's ``EngineUnavailable``): a 503 with ``Retry-After``. Anything else is a server bug: a
+500, logged with its traceback. (How a generation that started ends is ``outcomes``' job.)
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,12 +19,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from corral.api.responses import ApiJSONResponse
+from corral.engine.async_engine import EngineUnavailable
 from corral.engine.core import RequestError
-from corral.grammar import ConstraintError
+from corral.grammar import CompileUnavailable, ConstraintError
 
 log = logging.getLogger("corral.api")
 
 INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+#: the ``code`` of errors Starlette raises itself (routing, body parsing), by status
+_HTTP_CODES = {400: "invalid_value", 404: "not_found", 405: "method_not_allowed",
+               413: "request_too_large"}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -52,7 +61,7 @@ class ApiError(Exception):
         return {"error": error | self.extra}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ApiJSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -64,15 +73,22 @@ def constraint_error(e: ConstraintError, param: str, pointer: str | None = None)
 
     ``pointer`` overrides ``e.pointer`` when the caller has mapped it back onto the schema the
     client wrote (tools are compiled as one combined schema).
+    A constraint refused because it would exceed a bound (``e.limit``: a backend limit found at
+    compile time, or one of the server's limits) has code ``constraint_too_complex`` and names
+    the bound in the extra field ``limit``.
     """
     pointer = e.pointer if pointer is None else pointer
     where = f" (at {pointer or '/'}" + (f", keyword '{e.keyword}'" if e.keyword else "") + ")"
+    limit = getattr(e, "limit", None)
+    extra: dict[str, Any] = {"pointer": pointer, "keyword": e.keyword}
+    if limit:
+        extra["limit"] = limit
     return ApiError(
         400,
         f"{param}: {e.reason}{where}",
         param=param,
-        code="invalid_constraint",
-        extra={"pointer": pointer, "keyword": e.keyword},
+        code="constraint_too_complex" if limit else "invalid_constraint",
+        extra=extra,
     )
 
 
@@ -103,27 +119,61 @@ def queue_full(retry_after_s: int) -> ApiError:
     )
 
 
-def as_api_error(exc: Exception) -> ApiError:
-    """The error response for any exception; an untyped one is a logged 500 (a server bug)."""
+def request_too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the request body is larger than this server accepts ({max_bytes} bytes; "
+        "see --max-body-bytes)",
+        code="request_too_large",
+    )
+
+
+def unavailable(message: str, code: str, retry_after_s: float) -> ApiError:
+    """A 503: the server cannot serve this now, and says when to retry."""
+    return ApiError(
+        503,
+        message,
+        type=SERVER_ERROR,
+        code=code,
+        headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))},
+    )
+
+
+def _typed(exc: BaseException) -> ApiError | None:
+    """The response a typed exception stands for; None for an untyped one (a server bug)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ConstraintError):
         return constraint_error(exc, "response_format")
     if isinstance(exc, RequestError):
-        return bad_request(str(exc))
+        return bad_request(str(exc), code="invalid_value")
+    if isinstance(exc, CompileUnavailable):
+        return unavailable(f"the constraint could not be compiled now: {exc.reason}",
+                           exc.code, exc.retry_after_s)  # fmt: skip
+    if isinstance(exc, EngineUnavailable):  # restarting, or down (EngineDeadError)
+        return unavailable(f"the engine cannot take requests now: {exc}", "engine_unavailable",
+                           getattr(exc, "retry_after_s", 1))  # fmt: skip
+    return None
+
+
+def as_api_error(exc: BaseException) -> ApiError:
+    """The error response for any exception; an untyped one is a logged 500 (a server bug)."""
+    typed = _typed(exc)
+    if typed is not None:
+        return typed
     log.error("unhandled error", exc_info=exc)
-    return ApiError(500, "internal server error (a bug; see the server log)", type="server_error")
+    return ApiError(500, "internal server error (a bug; see the server log)", type=SERVER_ERROR)
 
 
-def status_of(exc: Exception) -> int:
-    if isinstance(exc, ApiError):
-        return exc.status
-    return 400 if isinstance(exc, ConstraintError | RequestError) else 500
+def status_of(exc: BaseException) -> int:
+    """The status ``as_api_error`` gives ``exc`` (without logging it)."""
+    typed = _typed(exc)
+    return 500 if typed is None else typed.status
 
 
-def error_event(exc: Exception) -> str:
-    """An error after a stream has started: an SSE event with the OpenAI error body."""
-    return f"data: {json.dumps(as_api_error(exc).body())}\n\n"
+def error_events(exc: BaseException) -> list[str]:
+    """An error after a stream has started: the OpenAI error body as an event, then [DONE]."""
+    return [f"data: {json.dumps(as_api_error(exc).body())}\n\n", "data: [DONE]\n\n"]
 
 
 def _validation_param(loc: tuple[Any, ...], body: Any, missing: bool) -> str | None:
@@ -158,9 +208,8 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if first.get("type") == "json_invalid":
         msg = "the request body is not valid JSON"
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return bad_request(
-        f"{param + ': ' if param else ''}{msg}{more}", param=param, code="invalid_value"
-    )
+    code = "unknown_parameter" if first.get("type") == "unknown_parameter" else "invalid_value"
+    return bad_request(f"{param + ': ' if param else ''}{msg}{more}", param=param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -170,13 +219,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return exc.response()
 
-    @app.exception_handler(ConstraintError)
-    async def _constraint(_: Request, exc: ConstraintError) -> JSONResponse:
+    async def _mapped(_: Request, exc: Exception) -> JSONResponse:
         return as_api_error(exc).response()
 
-    @app.exception_handler(RequestError)
-    async def _engine_request(_: Request, exc: RequestError) -> JSONResponse:
-        return as_api_error(exc).response()
+    for typed in (ConstraintError, RequestError, CompileUnavailable, EngineUnavailable):
+        app.add_exception_handler(typed, _mapped)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -184,9 +231,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
-        err = ApiError(exc.status_code, str(exc.detail), code=code, headers=exc.headers)
-        return err.response()
+        # Corral's own handlers raise ApiError; an HTTPException 400 is FastAPI's answer to a
+        # body it could not parse (bad bytes, JSON nested past Python's recursion limit)
+        detail = str(exc.detail)
+        if exc.status_code == 400:
+            detail = "the request body could not be parsed as JSON (invalid, or nested too deeply)"
+        code = _HTTP_CODES.get(exc.status_code)
+        return ApiError(exc.status_code, detail, code=code, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 StatsFn = Callable[[], Mapping[str, Any]]
+FAILURE_CODES = ("constraint_failed", "sequence_failed", "engine_restarted", "engine_stopped")
 
 
 class ServerMetrics:
@@ -35,10 +36,19 @@ class ServerMetrics:
         )
         self.finished = Counter(
             "corral_generations",
-            "admitted generations by endpoint and outcome (200, 4xx, 499 client left, 500)",
+            "admitted generations by endpoint and outcome (200, 4xx, 499 client left, 5xx)",
             ["endpoint", "outcome"],
             registry=r,
         )
+        self.failures = Counter(
+            "corral_generation_failures",
+            "generations that failed on the server's side, by code (constraint_failed, "
+            "sequence_failed, engine_restarted, engine_stopped)",
+            ["code"],
+            registry=r,
+        )
+        for code in FAILURE_CODES:  # shown at 0 before the first failure
+            self.failures.labels(code=code)
         self.prompt_tokens = Counter("corral_prompt_tokens", "prompt tokens processed", registry=r)
         self.completion_tokens = Counter("corral_completion_tokens", "tokens generated", registry=r)
         self.cached_tokens = Counter(
@@ -80,7 +90,8 @@ class _StatsCollector(Collector):
         return []  # dynamic: describe nothing, so registration does not call collect()
 
     def collect(self) -> Iterator[Any]:
-        yield from _engine_metrics(self._engine())
+        engine = self._engine()  # read now: the gauges are never older than the scrape
+        yield from _engine_metrics(engine)
         yield from _compile_metrics(self._compiles())
         adm = self._admission()
         yield GaugeMetricFamily(
@@ -91,9 +102,7 @@ class _StatsCollector(Collector):
         yield GaugeMetricFamily(
             "corral_queue_depth",
             "requests admitted but waiting for the engine",
-            value=_first(
-                self._engine(), ("num_waiting", "waiting", "queue_depth"), adm.get("queued", 0)
-            ),
+            value=_first(engine, ("num_waiting", "waiting", "queue_depth"), adm.get("queued", 0)),
         )
 
 
@@ -114,6 +123,16 @@ def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
         "corral_kv_cache_usage_ratio",
         "fraction of KV-pool slots in use (running sequences and the prefix cache)",
         value=_first(s, ("kv_usage", "kv_cache_usage")),
+    )
+    yield GaugeMetricFamily(
+        "corral_kv_request_tokens",
+        "KV slots held by requests outside the prefix cache (0 when idle, or a leak)",
+        value=_first(s, ("kv_request_tokens",)),
+    )
+    yield GaugeMetricFamily(
+        "corral_radix_locked_tokens",
+        "prefix-cache tokens pinned by running requests (0 when idle, or a leak)",
+        value=_first(s, ("radix_locked_tokens",)),
     )
 
 
@@ -143,3 +162,18 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
     )
     count.add_metric([], float(s.get("compile_seconds_count", 0)))
     yield count
+    yield from _counters(
+        s,
+        ("corral_constraint_compile_unavailable", "compiles that missed their deadline or lost "
+         "their worker (HTTP 503)", ("deadline_hits", "worker_failures")),
+        ("corral_constraint_compiles_cancelled", "compiles stopped because every request "
+         "waiting for them had left", ("compiles_cancelled",)),
+    )  # fmt: skip
+
+
+def _counters(s: Mapping[str, Any], *specs: tuple[str, str, tuple[str, ...]]) -> Iterator[Any]:
+    """Unlabelled counters, each the sum of some compile-service figures."""
+    for name, doc, keys in specs:
+        family = CounterMetricFamily(name, doc)
+        family.add_metric([], float(sum(s.get(k, 0) for k in keys)))
+        yield family

@@ -1,4 +1,9 @@
-"""Chat messages (with tools and tool-call history) -> the model's prompt token ids."""
+"""Chat messages (with tools and tool-call history) -> the model's prompt token ids.
+
+Rendering and tokenizing are slow for big prompts (a 10 MB prompt tokenizes for seconds), so
+callers run them off the event loop, and ``encode_prompt`` refuses a prompt that cannot fit the
+context before tokenizing it (see ``longest_token_chars``).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class ChatFormatter:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.native_tools = chat_template is not None and self._template_renders_tools()
+        self.max_token_chars = longest_token_chars(tokenizer)
 
     def _template_renders_tools(self) -> bool:
         probe = [{"role": "user", "content": "hi"}]
@@ -63,6 +69,8 @@ class ChatFormatter:
                 param="messages",
             )
         tools = list(plan.tools) if plan.active else []
+        for i, m in enumerate(req.messages):
+            check_text(content_text(m.content), f"messages[{i}].content")
         messages = [self._message(m) for m in req.messages]
         if tools and not self.native_tools:
             messages = _with_tool_prompt(messages, tools)
@@ -79,10 +87,16 @@ class ChatFormatter:
             ) from e
         return text + plan.prompt_suffix
 
-    def prompt_ids(self, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+    def prompt_ids(
+        self, req: ChatCompletionRequest, plan: ToolPlan, max_tokens: int | None = None
+    ) -> list[int]:
+        """The prompt's token ids (slow for big prompts: call it off the event loop).
+
+        ``max_tokens``: the most prompt tokens that could be served; a prompt that cannot fit
+        in them is refused (400 ``context_length_exceeded``) without being tokenized."""
         text = self.prompt_text(req, plan)
         # The template already wrote any BOS it wants; do not let the tokenizer add another.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return encode_prompt(self, text, "messages", max_tokens, add_special_tokens=False)
 
     def _message(self, m: Any) -> dict[str, Any]:
         if isinstance(m, SystemMessage):
@@ -131,3 +145,101 @@ def _with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list
         first["content"] = (first["content"] + "\n\n" + description).strip()
         return [first, *messages[1:]]
     return [{"role": "system", "content": description}, *messages]
+
+
+def check_text(text: str, param: str) -> None:
+    """400 for text that is not valid Unicode (a lone surrogate such as ``"\\ud800"`` is valid
+    JSON, but no tokenizer can encode it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(
+            f"{param}: the text contains a lone surrogate ({text[e.start]!a}) at character "
+            f"{e.start}; it is not valid Unicode and cannot be tokenized",
+            param=param,
+            code="invalid_value",
+        ) from None
+
+
+def encode_prompt(
+    formatter: ChatFormatter,
+    text: str,
+    param: str,
+    max_tokens: int | None,
+    add_special_tokens: bool = True,
+) -> list[int]:
+    """``text`` as token ids; a 400 for text that cannot be tokenized or cannot fit.
+
+    A prompt longer than ``max_tokens`` × the longest token (in characters) needs more than
+    ``max_tokens`` tokens whatever it says: it is refused at once, without tokenizing it.
+    """
+    bound = formatter.max_token_chars
+    if max_tokens is not None and bound is not None and len(text) > max_tokens * bound:
+        raise bad_request(
+            f"the prompt is {len(text)} characters; no token of this model stands for more than "
+            f"{bound}, so it needs more than the {max_tokens} tokens that fit; shorten the prompt",
+            param=param,
+            code="context_length_exceeded",
+        )
+    check_text(text, param)
+    try:
+        return list(formatter.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    except TypeError as e:  # the tokenizer's answer to text it cannot take
+        raise bad_request(f"{param}: the text cannot be tokenized ({e})", param=param,
+                          code="invalid_value") from e  # fmt: skip
+
+
+def longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters of input text that one token can stand for, or None if unbounded.
+
+    Sound only for tokenizers that never delete or shrink text: no normalizer (or ones that only
+    add characters), pre-tokenizers that keep every character, no unknown token that could
+    swallow a run of text (byte-level BPE or byte fallback), added tokens that strip nothing.
+    Then every token stands for at most as many characters as its vocabulary entry has (a
+    byte-level entry has one character per byte). Anything else gets no bound (None).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer we cannot inspect gets no bound, never a wrong one
+        return None
+    model = spec.get("model") or {}
+    byte_level = _all_types(spec.get("pre_tokenizer"), _KEEPS_TEXT) and (
+        _has_type(spec.get("pre_tokenizer"), "ByteLevel") or model.get("byte_fallback") is True
+    )
+    lossless = (
+        model.get("type") == "BPE"
+        and byte_level
+        and _all_types(spec.get("normalizer"), _GROWS_TEXT)
+        and not any(a.get("lstrip") or a.get("rstrip") for a in spec.get("added_tokens", ()))
+    )
+    return max(map(len, vocab)) if lossless and vocab else None
+
+
+_KEEPS_TEXT = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "Sequence"}
+_GROWS_TEXT = {"Prepend", "Replace", "Sequence"}
+
+
+def _all_types(node: Any, allowed: set[str]) -> bool:
+    """Every component of a normalizer / pre-tokenizer is of an allowed, text-keeping kind."""
+    if node is None:
+        return True
+    kind = node.get("type")
+    if kind not in allowed or node.get("behavior") == "Removed":
+        return False
+    if kind == "Replace":  # only as long or longer: " " -> "▁"
+        pattern = (node.get("pattern") or {}).get("String")
+        if pattern is None or len(node.get("content", "")) < len(pattern):
+            return False
+    parts = node.get("normalizers") or node.get("pretokenizers") or []
+    return all(_all_types(p, allowed) for p in parts)
+
+
+def _has_type(node: Any, kind: str) -> bool:
+    if node is None:
+        return False
+    parts = node.get("normalizers") or node.get("pretokenizers") or []
+    return node.get("type") == kind or any(_has_type(p, kind) for p in parts)

@@ -1,31 +1,67 @@
-"""Request bodies, mirroring OpenAI's chat and completions APIs plus Corral's extensions.
+"""Request bodies: OpenAI's chat and completions APIs, vLLM's and SGLang's extensions, Corral's.
 
-OpenAI's own fields keep OpenAI's names, types and bounds. Unknown top-level fields are ignored
-(clients and frameworks send fields this server has no use for, such as ``user`` or ``store``).
-Corral's extensions are extra ``response_format`` types (``regex``, ``grammar``, ``choice``) and
-the meaning of ``strict: false`` (lenient mode); see the README.
+No parameter is silently ignored. Every field of OpenAI's request schemas is accepted, and is
+either honoured or refused with a 400 that names it (``REFUSED``); a field no API defines is a
+400 "Unrecognized request argument supplied: <name>". ``null`` means absent, as in OpenAI's API.
+Types are strict: ``"5"`` is not an integer and ``"true"`` not a boolean (an integer is a
+number). A lone surrogate anywhere in the body (``"\\ud800"``) is a 400 naming where it is.
+
+The constraint dialects of vLLM (``guided_*``, ``structured_outputs``) and SGLang (``regex``,
+``json_schema``, ``ebnf``) are folded into ``response_format`` while parsing, so one function
+(``constraints.format_spec``) turns any of them into a ConstraintSpec; the folded format
+remembers the field it came from (``param``) for error messages. Two constraints in one request
+are a 400. See the README's "Extensions" for what each field means.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-#: Most choices one request may ask for (``n``); each is a full generation.
-MAX_N = 8
+from corral.api.constraints import (
+    DIALECT_FIELDS,
+    NO_WHITESPACE_PATTERN,
+    ChoiceFormat,
+    GrammarFormat,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaResponseFormat,
+    RegexFormat,
+    ResponseFormat,
+    StructuredOutputs,
+    TextFormat,
+    fold_constraint,
+    request_error,
+)
+from corral.api.limits import lone_surrogate_path
+
+# The response formats are defined with the rest of the constraint logic; they are part of
+# the request bodies too, so they can be imported from here.
+__all__ = [
+    "AssistantMessage", "ChatCompletionRequest", "ChoiceFormat", "CompletionRequest",
+    "FunctionDef", "GrammarFormat", "JsonObjectFormat", "JsonSchemaFormat",
+    "JsonSchemaResponseFormat", "NamedToolChoice", "RegexFormat", "ResponseFormat",
+    "StructuredOutputs", "SystemMessage", "TextFormat", "Tool", "ToolCall", "ToolMessage",
+    "UserMessage", "content_text",
+]  # fmt: skip
+
 #: Upper bound on max_tokens in the schema; the model's context length is checked per request.
 MAX_TOKENS_BOUND = 131072
+#: Most ``stop_token_ids`` (each is looked up for every generated token).
+MAX_STOP_TOKEN_IDS = 256
 
 
 class _Open(BaseModel):
-    """A body that ignores fields it does not know (as most OpenAI-compatible servers do)."""
+    """A nested object that tolerates fields it does not know (e.g. an assistant message a
+    client passes back with ``annotations``); its own fields are strictly typed."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 # -- messages ---------------------------------------------------------------------------------
@@ -90,67 +126,6 @@ def content_text(content: Content | None) -> str:
     return "".join(part.text for part in content)
 
 
-# -- response_format ----------------------------------------------------------------------------
-
-
-class JsonSchemaFormat(_Open):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    name: str = Field(max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: str | None = None
-    schema_: dict[str, Any] | bool = Field(default=True, alias="schema")
-    strict: bool | None = Field(
-        default=None,
-        description="true or absent: every keyword is enforced exactly or the request fails (400); "
-        "false: lenient, keywords that cannot be enforced are listed in the response",
-    )
-
-
-class TextFormat(_Closed):
-    type: Literal["text"]
-
-
-class JsonObjectFormat(_Closed):
-    type: Literal["json_object"]
-
-
-class JsonSchemaResponseFormat(_Closed):
-    type: Literal["json_schema"]
-    json_schema: JsonSchemaFormat
-
-
-class RegexFormat(_Closed):
-    """Corral extension: the output matches this regular expression (whole output)."""
-
-    type: Literal["regex"]
-    regex: str = Field(min_length=1)
-
-
-class GrammarFormat(_Closed):
-    """Corral extension: the output is a sentence of this grammar (GBNF-style EBNF or Lark)."""
-
-    type: Literal["grammar"]
-    grammar: str = Field(min_length=1)
-    syntax: Literal["ebnf", "lark"] = "ebnf"
-
-
-class ChoiceFormat(_Closed):
-    """Corral extension: the output is exactly one of these strings."""
-
-    type: Literal["choice"]
-    choice: list[str] = Field(min_length=1)
-
-
-ResponseFormat = Annotated[
-    TextFormat
-    | JsonObjectFormat
-    | JsonSchemaResponseFormat
-    | RegexFormat
-    | GrammarFormat
-    | ChoiceFormat,
-    Field(discriminator="type"),
-]
-
-
 # -- tools ------------------------------------------------------------------------------------
 
 
@@ -178,25 +153,59 @@ class NamedToolChoice(_Open):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class StreamOptions(_Open):
+class StreamOptions(_Closed):
     include_usage: bool = False
+    include_obfuscation: bool = Field(
+        default=True, description="accepted; Corral's stream events carry no obfuscation padding"
+    )
 
 
 # -- sampling shared by both endpoints ----------------------------------------------------------
 
 
-class _Sampling(_Open):
+class _Request(_Closed):
+    """A request body: unknown top-level fields are refused, ``null`` means absent."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _screen(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict):
+            found = lone_surrogate_path(data)
+            if found is not None:
+                path, in_key = found
+                where = "a key of this object" if in_key else "the text"
+                raise request_error(
+                    path,
+                    f"{where} contains a lone surrogate (an unpaired \\ud800-\\udfff escape): "
+                    "it is not valid Unicode text",
+                )
+            known = {f.alias or name for name, f in cls.model_fields.items()}
+            for key in data:
+                if key not in known:
+                    raise request_error(
+                        (key,),
+                        f"Unrecognized request argument supplied: {key}",
+                        "unknown_parameter",
+                    )
+            data = {k: v for k, v in data.items() if v is not None}
+        return handler(data)
+
+
+class _Sampling(_Request):
     model: str
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: int = Field(default=1, ge=1, description="at most the server's --max-n (default 8)")
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="not supported: refused with a 400 unless empty"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, description="accepted; not used")
     response_format: ResponseFormat | None = None
     open_objects: bool | None = Field(
         default=None,
@@ -204,6 +213,38 @@ class _Sampling(_Open):
         "is silent about extra keys gets only the declared ones (the output stays valid); "
         "true: undeclared properties may be generated too; absent: the server's default",
     )
+    # vLLM's and SGLang's sampling extensions
+    top_k: int | None = Field(default=None, ge=-1, lt=2**31, description="0 or -1: off")
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(
+        default=None, gt=0, le=2, description="1: off; > 1 discourages tokens already seen"
+    )
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_BOUND)
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=MAX_STOP_TOKEN_IDS
+    )
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = Field(
+        default=False, description="only false is supported (true is refused with a 400)"
+    )
+    # vLLM's and SGLang's constraint fields, folded into response_format
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(default=None, min_length=1)
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = Field(default=None, min_length=1)
+    guided_decoding_backend: str | None = Field(
+        default=None, description="only 'auto' is accepted: Corral picks its backends itself"
+    )
+    guided_whitespace_pattern: str | None = Field(
+        default=None, description="not supported: refused with a 400"
+    )
+    structured_outputs: StructuredOutputs | None = None
+    regex: str | None = Field(default=None, min_length=1, description="SGLang: a regex")
+    json_schema: str | dict[str, Any] | None = Field(
+        default=None, description="SGLang: a JSON schema (as JSON text)"
+    )
+    ebnf: str | None = Field(default=None, min_length=1, description="SGLang: an EBNF grammar")
 
     @field_validator("stop")
     @classmethod
@@ -219,11 +260,77 @@ class _Sampling(_Open):
             raise ValueError("logit_bias is not supported by this server; leave it out")
         return bias
 
+    @field_validator("include_stop_str_in_output")
+    @classmethod
+    def _check_stop_str(cls, include: bool) -> bool:
+        if include:
+            raise ValueError("only false is supported: stop strings are never in the output")
+        return include
+
+    @field_validator("guided_decoding_backend")
+    @classmethod
+    def _check_backend(cls, backend: str | None) -> str | None:
+        if backend not in (None, "auto"):
+            raise ValueError(
+                "Corral chooses the grammar backend per constraint (every one is enforced "
+                "exactly); send 'auto' or leave it out"
+            )
+        return backend
+
+    @field_validator("guided_whitespace_pattern")
+    @classmethod
+    def _check_whitespace(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            raise ValueError(NO_WHITESPACE_PATTERN)
+        return pattern
+
+    @model_validator(mode="after")
+    def _check_stream_options(self) -> _Sampling:
+        if self.stream_options is not None and not self.stream:
+            raise request_error(("stream_options",), "stream_options needs stream: true")
+        return self
+
+    @model_validator(mode="after")
+    def _fold(self) -> _Sampling:
+        """vLLM's and SGLang's constraint fields become ``response_format`` (see constraints)."""
+        values = {name: getattr(self, name) for name, _ in DIALECT_FIELDS}
+        self.response_format = fold_constraint(  # type: ignore[assignment]
+            self.response_format, values, self.structured_outputs
+        )
+        return self
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         stops = [self.stop] if isinstance(self.stop, str) else self.stop
         return [s for s in stops if s]
+
+
+# -- the two endpoints --------------------------------------------------------------------------
+
+
+def _present(value: Any) -> bool:
+    return value is not None
+
+
+#: OpenAI chat fields (or values of them) Corral cannot honour: (field, refused when, why).
+REFUSED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("audio", _present, "audio output is not supported: this server generates text only"),
+    ("modalities", lambda v: v is not None and "audio" in v,
+     "audio output is not supported: this server generates text only; send ['text']"),
+    ("prediction", _present, "predicted outputs are not supported by this server"),
+    ("web_search_options", _present, "web search is not supported by this server"),
+    ("reasoning_effort", _present, "the served model has no reasoning effort setting"),
+    ("verbosity", _present, "the served model has no verbosity setting"),
+    ("functions", _present, "the deprecated functions API is not supported; send tools"),
+    ("function_call", _present, "the deprecated functions API is not supported; send tool_choice"),
+    ("store", lambda v: v is True, "this server stores no completions; send false or leave it out"),
+    ("service_tier", lambda v: v in ("flex", "scale", "priority"),
+     "this server has a single service tier; send 'auto' or 'default'"),
+    ("prompt_cache_retention", lambda v: v == "24h",
+     "prompt prefixes are cached in memory only; send 'in-memory' or leave it out"),
+)  # fmt: skip
+_NOT_SUPPORTED = "not supported: refused with a 400 unless absent or null"
 
 
 class ChatCompletionRequest(_Sampling):
@@ -235,25 +342,67 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # accepted; they do not change the output
+    metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None, max_length=16, description="accepted; not stored"
+    )
+    prompt_cache_key: str | None = Field(
+        default=None, description="accepted; prefix caching is automatic"
+    )
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = Field(
+        default=None, description="only 'in-memory' (the radix prefix cache)"
+    )
+    safety_identifier: str | None = Field(default=None, max_length=64)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = Field(
+        default=None, description="'auto' and 'default' are served; other tiers are refused"
+    )
+    store: bool | None = Field(default=None, description="only false: no completions are stored")
+    modalities: list[Literal["text", "audio"]] | None = Field(
+        default=None, description="only ['text']"
+    )
+    # refused unless absent
+    audio: dict[str, Any] | None = Field(default=None, description=_NOT_SUPPORTED)
+    prediction: dict[str, Any] | None = Field(default=None, description=_NOT_SUPPORTED)
+    web_search_options: dict[str, Any] | None = Field(default=None, description=_NOT_SUPPORTED)
+    reasoning_effort: str | None = Field(default=None, description=_NOT_SUPPORTED)
+    verbosity: str | None = Field(default=None, description=_NOT_SUPPORTED)
+    functions: list[dict[str, Any]] | None = Field(default=None, description=_NOT_SUPPORTED)
+    function_call: str | dict[str, Any] | None = Field(default=None, description=_NOT_SUPPORTED)
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
+        for name, refused, reason in REFUSED:
+            if refused(getattr(self, name)):
+                raise request_error((name,), reason)
+        if self.metadata and any(len(k) > 64 for k in self.metadata):
+            raise request_error(("metadata",), "metadata keys are at most 64 characters")
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise request_error(("top_logprobs",), "top_logprobs requires logprobs to be true")
         if self.tool_choice not in (None, "none") and not self.tools:
-            raise ValueError("tool_choice was given without any tools")
+            raise request_error(("tool_choice",), "tool_choice was given without any tools")
         if self.tools:
-            names = [t.function.name for t in self.tools]
-            if len(set(names)) != len(names):
-                raise ValueError("tools: function names must be unique")
-            if (
-                isinstance(self.tool_choice, NamedToolChoice)
-                and self.tool_choice.function.name not in names
-            ):
-                raise ValueError(
-                    f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools"
-                )
+            self._check_tools(self.tools)
         return self
+
+    def _check_tools(self, tools: list[Tool]) -> None:
+        names = [t.function.name for t in tools]
+        if len(set(names)) != len(names):
+            raise request_error(("tools",), "function names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            if self.tool_choice.function.name not in names:
+                raise request_error(
+                    ("tool_choice",),
+                    f"tool_choice names {self.tool_choice.function.name!r}, which is not in tools",
+                )
+        fmt = self.response_format
+        if self.tool_choice != "none" and fmt is not None and not isinstance(fmt, TextFormat):
+            mode = self.tool_choice or "auto"
+            raise request_error(
+                tuple(fmt.param.split(".")),
+                f"{fmt.param} cannot be combined with tools: with tool_choice "
+                f"{mode if isinstance(mode, str) else 'a named function'!r} the tool calls "
+                "constrain the output; send tool_choice 'none' or leave one of them out",
+            )
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -264,15 +413,15 @@ class CompletionRequest(_Sampling):
     max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS_BOUND)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    suffix: str | None = Field(default=None, description="not supported unless empty")
+    best_of: int | None = Field(default=None, ge=1, description="only equal to n")
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
         if self.suffix:
-            raise ValueError("suffix is not supported by this server; leave it out")
+            raise request_error(("suffix",), "suffix is not supported by this server")
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of is not supported (other than equal to n); leave it out")
+            raise request_error(("best_of",), "best_of other than equal to n is not supported")
         if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported; drop one of them")
+            raise request_error(("echo",), "echo with logprobs is not supported; drop one")
         return self

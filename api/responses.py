@@ -6,10 +6,12 @@ They serve as the OpenAPI document's response schemas; handlers serialise them w
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from typing import Any, Literal
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
@@ -171,6 +173,9 @@ class ErrorDetail(BaseModel):
     code: str | None = None
     pointer: str | None = Field(default=None, description="Corral: JSON pointer into the schema")
     keyword: str | None = Field(default=None, description="Corral: the schema keyword involved")
+    limit: str | None = Field(
+        default=None, description="Corral: the bound a too complex constraint would exceed"
+    )
 
 
 class ErrorResponse(BaseModel):
@@ -179,3 +184,17 @@ class ErrorResponse(BaseModel):
 
 def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_none=True)
+
+
+class ApiJSONResponse(JSONResponse):
+    """A JSON response that renders any Python string, lone surrogates included.
+
+    A client may send ``"\\ud800"`` (valid JSON, not encodable as UTF-8); when an error message
+    quotes it, the body is written with ASCII escapes instead of failing with a 500.
+    """
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")

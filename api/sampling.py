@@ -1,10 +1,17 @@
-"""Shared request checks: the model name, the context length and the engine's SamplingParams."""
+"""Shared request checks: the model name, the context length and the engine's SamplingParams.
+
+OpenAI's sampling fields keep OpenAI's meaning; vLLM's and SGLang's extensions keep theirs:
+``top_k`` (0 or -1: off), ``min_p``, ``repetition_penalty`` (1: off; seen tokens' logits are
+divided by it when positive, multiplied when negative), ``min_tokens`` (no EOS or stop before
+that many tokens), ``ignore_eos``, ``stop_token_ids`` and ``skip_special_tokens``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from corral.api.errors import bad_request, model_not_found
+from corral.api.limits import check_n
 from corral.api.protocol import ChatCompletionRequest
 from corral.api.responses import Usage
 from corral.api.state import ServerState
@@ -50,6 +57,7 @@ def sampling_params(
     state: ServerState, req: Any, num_prompt: int, max_tokens: int | None, stops: list[str]
 ) -> SamplingParams:
     """The engine's SamplingParams for an OpenAI request (OpenAI's defaults where unset)."""
+    check_n(req.n, state.config)
     chat = isinstance(req, ChatCompletionRequest)
     param = "max_completion_tokens" if chat and req.max_completion_tokens else "max_tokens"
     budget = token_budget(state, num_prompt, max_tokens, param, "messages" if chat else "prompt")
@@ -73,9 +81,38 @@ def sampling_params(
             logprobs=wants_logprobs,
             top_logprobs=top,
             n=req.n,
+            **_extensions(state, req, budget),
         )
     except RequestError as e:
-        raise bad_request(str(e)) from e
+        raise bad_request(str(e), code="invalid_value") from e
+
+
+def _extensions(state: ServerState, req: Any, budget: int) -> dict[str, Any]:
+    """vLLM's and SGLang's sampling fields as SamplingParams keywords (their meaning there)."""
+    if req.min_tokens > budget:
+        raise bad_request(
+            f"min_tokens is {req.min_tokens}, but at most {budget} tokens can be generated "
+            "(max_tokens, or what the context leaves); lower min_tokens",
+            param="min_tokens",
+            code="invalid_value",
+        )
+    vocab = len(state.tokenizer)
+    for i, token in enumerate(req.stop_token_ids or ()):
+        if token >= vocab:
+            raise bad_request(
+                f"stop_token_ids[{i}] is {token}, but this model's token ids are below {vocab}",
+                param=f"stop_token_ids[{i}]",
+                code="invalid_value",
+            )
+    return {
+        "top_k": max(req.top_k or 0, 0),  # vLLM: 0 or -1 switch it off
+        "min_p": req.min_p or 0.0,
+        "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        "min_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": tuple(req.stop_token_ids or ()),
+        "skip_special_tokens": req.skip_special_tokens,
+    }
 
 
 def usage(call: Any) -> Usage:

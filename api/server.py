@@ -28,12 +28,19 @@ def build_state(config: ServerConfig) -> ServerState:
     # Workers for the risky compiles start in the background now, so the first such
     # constraint does not wait for one.
     root = Path(config.cache_dir) / "constraints" if config.cache_dir else None
-    cache = CacheConfig(root=root, prestart_workers=True)
+    cache = CacheConfig(
+        root=root,
+        prestart_workers=True,
+        process_workers=config.compile_workers,
+        compile_deadline_s=config.compile_deadline_s,
+    )
     compiler = CompileService(tok, cache)
     engine_config = EngineConfig(
         kv_cache_bytes=config.memory_bytes, max_num_seqs=config.max_concurrent
     )
-    engine = AsyncEngine(model, engine_config, compiler.get_or_compile)
+    engine = AsyncEngine(
+        model, engine_config, compiler.get_or_compile, tokenizer_fingerprint=tok.fingerprint
+    )
     state = ServerState(
         config=config,
         model_name=config.model_name or model.name,

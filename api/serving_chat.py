@@ -12,17 +12,27 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import ChoiceState, LogprobFormatter
+from corral.api.config import ServerConfig
 from corral.api.constraints import (
-    compile_or_400,
+    FormatSpec,
     constraint_error,
     format_spec,
     unenforced_report,
     wants_closed_objects,
 )
-from corral.api.engine_call import EngineCall, end_request, watch_disconnect
-from corral.api.errors import bad_request, error_event, status_of
+from corral.api.engine_call import (
+    CLIENT_LEFT,
+    Admitted,
+    EngineCall,
+    compile_for,
+    require_engine,
+    watch_disconnect,
+)
+from corral.api.errors import ApiError, bad_request, error_events, status_of
+from corral.api.limits import check_limits
 from corral.api.protocol import ChatCompletionRequest, TextFormat
 from corral.api.responses import (
+    ApiJSONResponse,
     ChatChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -39,6 +49,7 @@ from corral.api.responses import (
 from corral.api.sampling import check_model, sampling_params, usage
 from corral.api.state import ServerState
 from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
+from corral.grammar import ConstraintError
 
 ENDPOINT = "chat.completions"
 
@@ -52,10 +63,12 @@ class PreparedChat:
     unenforced: list[Unenforced] | None
 
 
-async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> PreparedChat:
-    """Everything that can fail as the client's mistake, done before any response starts."""
-    check_model(state, req.model)
-    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
+def _plan(
+    req: ChatCompletionRequest, closed: bool, config: ServerConfig
+) -> tuple[ToolPlan, FormatSpec | None]:
+    """The tool plan and the response format's constraint, within the request limits (schema
+    analysis: slow, run off the event loop)."""
+    check_limits(req, config)
     plan = plan_tools(req, closed)
     fmt = format_spec(req.response_format, closed)
     if plan.mode == "auto" and fmt is not None:
@@ -64,19 +77,36 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> Prepar
             "use tool_choice 'required' or 'none'",
             param="response_format",
         )
-    prompt_ids = state.formatter.prompt_ids(req, plan)
+    return plan, fmt
+
+
+async def prepare_chat(
+    state: ServerState, req: ChatCompletionRequest, request: Any
+) -> PreparedChat:
+    """Everything that can fail as the client's mistake, done before any response starts.
+
+    Schema analysis, rendering and tokenizing run on threads (never on the event loop); the
+    compile is abandoned if the client disconnects meanwhile."""
+    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
+    plan, fmt = await asyncio.to_thread(_plan, req, closed, state.config)
+    limit = min(state.context_length, state.kv_capacity)
+    prompt_ids = await asyncio.to_thread(state.formatter.prompt_ids, req, plan, limit)
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
     params = sampling_params(state, req, len(prompt_ids), req.token_limit(), stops)
     if plan.spec is not None:
         all_tools = req.tools or []
-        compiled = await compile_or_400(
-            state.compile_fn, plan.spec, lambda e: tool_constraint_error(e, plan.tools, all_tools)
-        )
+
+        def refused(e: ConstraintError) -> ApiError:
+            return tool_constraint_error(e, plan.tools, all_tools)
+
+        if plan.calls_spec is not None:  # probed on its own (see ToolPlan.calls_spec)
+            await compile_for(state, request, plan.calls_spec, refused)
+        compiled = await compile_for(state, request, plan.spec, refused)
         found = [(u.pointer, u.keyword, u.reason) for u in compiled.unenforced]
         report = tool_unenforced(found + list(plan.unenforced), plan.tools, all_tools)
     elif fmt is not None:
-        compiled = await compile_or_400(
-            state.compile_fn, fmt.spec, lambda e: constraint_error(e, fmt.param)
+        compiled = await compile_for(
+            state, request, fmt.spec, lambda e: constraint_error(e, fmt.param)
         )
         report = unenforced_report(compiled, fmt.param)
     else:
@@ -88,28 +118,16 @@ async def create_chat_completion(
     state: ServerState, req: ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
     arrival = time.monotonic()
+    check_model(state, req.model)
     if isinstance(req.response_format, TextFormat):
         req.response_format = None
-    prep = await prepare_chat(state, req)
-    state.admission.enter()  # a 429 here; every later exit goes through end_request()
-    call = EngineCall(state, prep.prompt_ids, prep.params, prep.constraint, arrival=arrival)
-    if req.stream:
-        return StreamingResponse(
-            _stream(state, req, prep, call), media_type="text/event-stream", headers=_SSE_HEADERS
-        )
-    status = 500
-    try:
-        response = await _complete(state, req, prep, call, request)
-        status = 200
-        return response
-    except Exception as e:
-        status = status_of(e)
-        raise
-    finally:
-        end_request(state, ENDPOINT, status, arrival)
-
-
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    require_engine(state)
+    with Admitted(state, ENDPOINT, arrival) as admitted:  # a 429 here, before any compile
+        prep = await prepare_chat(state, req, request)
+        call = EngineCall(state, prep.prompt_ids, prep.params, prep.constraint, arrival=arrival)
+        if req.stream:
+            return admitted.stream(_stream(state, req, prep, call, admitted), [call])
+        return await _complete(state, req, prep, call, request)
 
 
 async def _complete(
@@ -136,7 +154,7 @@ async def _complete(
         usage=usage(call),
         unenforced=prep.unenforced,
     )
-    return JSONResponse(dump(body))
+    return ApiJSONResponse(dump(body))
 
 
 def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
@@ -147,12 +165,16 @@ def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
 
 
 async def _stream(
-    state: ServerState, req: ChatCompletionRequest, prep: PreparedChat, call: EngineCall
+    state: ServerState,
+    req: ChatCompletionRequest,
+    prep: PreparedChat,
+    call: EngineCall,
+    admitted: Admitted,
 ) -> AsyncIterator[str]:
     chunks = _ChunkMaker(state.model_name, prep.unenforced)
     lp = LogprobFormatter(state.tokenizer, req.top_logprobs or 0) if req.logprobs else None
     choices = {i: ChoiceState(i, prep.plan) for i in range(req.n)}
-    status = 499  # client closed the stream before the end
+    status = CLIENT_LEFT  # unless the stream reaches its end
     try:
         for i in choices:
             yield chunks.sse(i, Delta(role="assistant", content=""))
@@ -169,12 +191,13 @@ async def _stream(
             yield chunks.usage_sse(usage(call))
         yield "data: [DONE]\n\n"
         status = 200
-    except Exception as e:
+    except Exception as e:  # after the first byte: an error event, then [DONE]
         status = status_of(e)
-        yield error_event(e)
+        for event in error_events(e):
+            yield event
     finally:
         await call.close()
-        end_request(state, ENDPOINT, status, call.arrival)
+        admitted.end(status)
 
 
 def _finish_events(chunks: _ChunkMaker, c: ChoiceState) -> list[str]:

@@ -11,17 +11,31 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import LogprobFormatter
+from corral.api.config import ServerConfig
 from corral.api.constraints import (
-    compile_or_400,
+    FormatSpec,
     constraint_error,
     format_spec,
     unenforced_report,
     wants_closed_objects,
 )
-from corral.api.engine_call import EngineCall, end_request, merged, watch_disconnect
-from corral.api.errors import bad_request, error_event, status_of
+from corral.api.engine_call import (
+    CLIENT_LEFT,
+    Admitted,
+    EngineCall,
+    close_all,
+    compile_for,
+    merged,
+    require_engine,
+    watch_disconnect,
+)
+from corral.api.errors import bad_request, error_events, status_of
+from corral.api.limits import check_limits
+from corral.api.outcomes import finish_reason
+from corral.api.prompting import encode_prompt
 from corral.api.protocol import CompletionRequest
 from corral.api.responses import (
+    ApiJSONResponse,
     Completion,
     CompletionChoice,
     CompletionLogprobs,
@@ -38,7 +52,10 @@ MAX_PROMPTS = 16
 
 
 def prompt_ids_list(state: ServerState, prompt: Any) -> list[list[int]]:
-    """The request's prompts as token ids (text is tokenized with the tokenizer's own BOS rule)."""
+    """The request's prompts as token ids (text is tokenized with the tokenizer's own BOS rule).
+
+    Slow for big prompts: call it off the event loop. A text prompt that cannot fit the context
+    is refused before it is tokenized."""
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -50,9 +67,10 @@ def prompt_ids_list(state: ServerState, prompt: Any) -> list[list[int]]:
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
     vocab = len(state.tokenizer)
+    limit = min(state.context_length, state.kv_capacity)
     out = []
     for p in prompts:
-        ids = list(state.tokenizer.encode(p)) if isinstance(p, str) else list(p)
+        ids = encode_prompt(state.formatter, p, "prompt", limit) if isinstance(p, str) else list(p)
         if not ids:
             raise bad_request("a prompt must have at least one token", param="prompt")
         if any(not 0 <= t < vocab for t in ids):
@@ -66,34 +84,39 @@ async def create_completion(
 ) -> JSONResponse | StreamingResponse:
     arrival = time.monotonic()
     check_model(state, req.model)
-    prompts = prompt_ids_list(state, req.prompt)
+    require_engine(state)
+    with Admitted(state, ENDPOINT, arrival) as admitted:  # a 429 here, before any compile
+        job = await _prepare(state, req, request, arrival)
+        if req.stream:
+            return admitted.stream(job.stream(admitted), job.calls)
+        return await job.complete(request)
+
+
+async def _prepare(
+    state: ServerState, req: CompletionRequest, request: Request, arrival: float
+) -> _Job:
+    """Tokenize and analyse off the event loop, compile (abandoned if the client leaves)."""
+    prompts = await asyncio.to_thread(prompt_ids_list, state, req.prompt)
     closed = wants_closed_objects(req.open_objects, state.config.open_objects)
-    fmt = format_spec(req.response_format, closed)
+    fmt = await asyncio.to_thread(_format, req, closed, state.config)
     params = [sampling_params(state, req, len(p), req.max_tokens, req.stop_list()) for p in prompts]
     compiled, report = None, None
     if fmt is not None:
-        compiled = await compile_or_400(
-            state.compile_fn, fmt.spec, lambda e: constraint_error(e, fmt.param)
+        compiled = await compile_for(
+            state, request, fmt.spec, lambda e: constraint_error(e, fmt.param)
         )
         report = unenforced_report(compiled, fmt.param)
-    state.admission.enter()
     calls = [
         EngineCall(state, p, sp, compiled, arrival=arrival)
         for p, sp in zip(prompts, params, strict=True)
     ]
-    job = _Job(state, req, calls, report)
-    if req.stream:
-        return StreamingResponse(job.stream(), media_type="text/event-stream")
-    status = 500
-    try:
-        response = await job.complete(request)
-        status = 200
-        return response
-    except Exception as e:
-        status = status_of(e)
-        raise
-    finally:
-        end_request(state, ENDPOINT, status, arrival)
+    return _Job(state, req, calls, report)
+
+
+def _format(req: CompletionRequest, closed: bool, config: ServerConfig) -> FormatSpec | None:
+    """The response format's constraint, within the request limits (off the event loop)."""
+    check_limits(req, config)
+    return format_spec(req.response_format, closed)
 
 
 class _Job:
@@ -127,11 +150,10 @@ class _Job:
                 texts[i] = texts.get(i, self._echo(k)) + out.text
                 lps.setdefault(i, []).extend(out.logprobs or ())
                 if out.finish_reason is not None:
-                    finish[i] = "length" if out.finish_reason == "length" else "stop"
+                    finish[i] = finish_reason(out.finish_reason)
         finally:
             watcher.cancel()
-            for c in self.calls:
-                await c.close()
+            await close_all(self.calls)
         choices = [
             CompletionChoice(
                 index=i,
@@ -149,7 +171,7 @@ class _Job:
             usage=self._usage(),
             unenforced=self.report,
         )
-        return JSONResponse(dump(body))
+        return ApiJSONResponse(dump(body))
 
     def _logprobs(self, lps: list[Any], offset: int = 0) -> CompletionLogprobs | None:
         if self.lp is None:
@@ -177,8 +199,8 @@ class _Job:
             prompt_tokens_details={"cached_tokens": cached},
         )
 
-    async def stream(self) -> AsyncIterator[str]:
-        status, started, offsets = 499, set(), {}
+    async def stream(self, admitted: Admitted) -> AsyncIterator[str]:
+        status, started, offsets = CLIENT_LEFT, set(), {}
         try:
             async for k, out in merged(self.calls):
                 i = self._index(k, out)
@@ -188,11 +210,7 @@ class _Job:
                     text = self._echo(k) + text
                 lp = self._logprobs(list(out.logprobs or ()), offsets.get(i, 0))
                 offsets[i] = offsets.get(i, 0) + len(text)
-                finish = (
-                    None
-                    if out.finish_reason is None
-                    else ("length" if out.finish_reason == "length" else "stop")
-                )
+                finish = None if out.finish_reason is None else finish_reason(out.finish_reason)
                 yield self._event(
                     [CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=lp)]
                 )
@@ -200,13 +218,13 @@ class _Job:
                 yield self._event([], self._usage())
             yield "data: [DONE]\n\n"
             status = 200
-        except Exception as e:
+        except Exception as e:  # after the first byte: an error event, then [DONE]
             status = status_of(e)
-            yield error_event(e)
+            for event in error_events(e):
+                yield event
         finally:
-            for c in self.calls:
-                await c.close()
-            end_request(self.state, ENDPOINT, status, self.calls[0].arrival)
+            await close_all(self.calls)
+            admitted.end(status)
 
     def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         chunk = Completion(

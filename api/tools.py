@@ -14,6 +14,11 @@ still puts ``name`` first and the model picks the function before writing its ar
 - ``auto``: a Lark grammar lets the model write either plain text that does not start with
   ``<tool_call>``, or ``<tool_call>`` followed by the call array.
 - ``none``: no tools reach the prompt, nothing is constrained by them.
+
+Copies: `calls_schema` embeds each tool's `parameters` (or `close_objects` of it, which shares
+subtrees) without copying; the result goes only to `ConstraintSpec.json_schema` (serialised) or
+`analyze_schema` (read-only), so the request's tool schemas, which the chat template also renders,
+are never changed.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class ToolPlan:
     ``mode``: ``"none"``, ``"auto"`` or ``"required"`` (a named function is ``required`` with a
     single tool). ``tools``: the functions the output may call. ``prompt_suffix`` goes after the
     generation prompt. ``spec``: the constraint of the whole output (None for ``none``).
+    ``calls_spec`` (``auto`` only): the call array on its own, compiled before ``spec`` so that
+    its compile-time probe runs: the probe of ``spec`` walks the free-text branch, and a call
+    schema past a backend limit must be a 400, not a failure once the model starts a call.
     """
 
     mode: str
@@ -48,6 +56,7 @@ class ToolPlan:
     prompt_suffix: str
     spec: ConstraintSpec | None
     unenforced: tuple[tuple[str, str, str], ...] = ()
+    calls_spec: ConstraintSpec | None = None
 
     @property
     def active(self) -> bool:
@@ -81,11 +90,11 @@ def _plan(req: ChatCompletionRequest, choice: Any, closed: bool) -> ToolPlan:
     strict = any(t.function.strict is not False for t in tools)
     parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
     schema = calls_schema(tools, parallel, closed)
+    calls = ConstraintSpec.json_schema(schema, strict=strict, json_format=TOOL_JSON_FORMAT)
     if choice == "auto":
         spec, unenforced = _auto_spec(schema, strict)
-        return ToolPlan("auto", tools, "", spec, unenforced)
-    spec = ConstraintSpec.json_schema(schema, strict=strict, json_format=TOOL_JSON_FORMAT)
-    return ToolPlan("required", tools, TOOL_CALL_TAG, spec)
+        return ToolPlan("auto", tools, "", spec, unenforced, calls_spec=calls)
+    return ToolPlan("required", tools, TOOL_CALL_TAG, calls)
 
 
 def calls_schema(tools: tuple[Tool, ...], parallel: bool, closed: bool = True) -> dict[str, Any]:

@@ -79,3 +79,26 @@ def test_serve_command_has_a_flag_per_setting() -> None:
     )
     # every setting has a distinct flag and environment variable
     assert len({s.flag for s in SETTINGS}) == len({s.env for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_the_request_limits_have_flags_and_variables() -> None:
+    from corral.cli_serve import add_serve_command
+
+    parser = argparse.ArgumentParser()
+    add_serve_command(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["serve", "--max-n", "3", "--max-schema-depth", "10", "--max-schema-bytes", "2KB",
+         "--max-tools", "4", "--compile-workers", "3", "--compile-deadline", "2.5"]
+    )  # fmt: skip
+    config = ServerConfig.from_sources(vars(args), {"CORRAL_MAX_ENUM_VALUES": "7"})
+    assert (config.max_n, config.max_schema_depth, config.max_schema_bytes) == (3, 10, 2048)
+    assert (config.max_tools, config.compile_workers, config.compile_deadline_s) == (4, 3, 2.5)
+    assert config.max_enum_values == 7  # from its environment variable
+
+
+@pytest.mark.parametrize(
+    "kw", [{"max_n": 0}, {"max_tools": 0}, {"max_schema_depth": 0}, {"compile_deadline_s": 0}]
+)
+def test_limits_must_be_positive(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        ServerConfig(**kw)
