@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from corral.api.constraints import (
     DIALECT_FIELDS,
@@ -36,6 +36,21 @@ from corral.api.constraints import (
     request_error,
 )
 from corral.api.limits import lone_surrogate_path
+from corral.api.messages import (
+    AssistantMessage,
+    FunctionDef,
+    Message,
+    NamedToolChoice,
+    StreamOptions,
+    SystemMessage,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolMessage,
+    UserMessage,
+    _Closed,
+    content_text,
+)
 
 # The response formats are defined with the rest of the constraint logic; they are part of
 # the request bodies too, so they can be imported from here.
@@ -51,113 +66,6 @@ __all__ = [
 MAX_TOKENS_BOUND = 131072
 #: Most ``stop_token_ids`` (each is looked up for every generated token).
 MAX_STOP_TOKEN_IDS = 256
-
-
-class _Open(BaseModel):
-    """A nested object that tolerates fields it does not know (e.g. an assistant message a
-    client passes back with ``annotations``); its own fields are strictly typed."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-# -- messages ---------------------------------------------------------------------------------
-
-
-class TextPart(_Open):
-    type: Literal["text"]
-    text: str
-
-
-Content = str | list[TextPart]
-
-
-class FunctionCall(_Open):
-    name: str
-    arguments: str = Field(description="the arguments as a JSON object in a string")
-
-
-class ToolCall(_Open):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class SystemMessage(_Open):
-    role: Literal["system", "developer"]
-    content: Content
-    name: str | None = None
-
-
-class UserMessage(_Open):
-    role: Literal["user"]
-    content: Content
-    name: str | None = None
-
-
-class AssistantMessage(_Open):
-    role: Literal["assistant"]
-    content: Content | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    refusal: str | None = None
-
-
-class ToolMessage(_Open):
-    role: Literal["tool"]
-    content: Content
-    tool_call_id: str
-
-
-Message = Annotated[
-    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
-]
-
-
-def content_text(content: Content | None) -> str:
-    """The text of a message's content: the string, or its text parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
-
-
-# -- tools ------------------------------------------------------------------------------------
-
-
-class FunctionDef(_Open):
-    name: str = Field(max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-    strict: bool | None = None
-
-
-class Tool(_Open):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(_Open):
-    name: str
-
-
-class NamedToolChoice(_Open):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
-
-
-class StreamOptions(_Closed):
-    include_usage: bool = False
-    include_obfuscation: bool = Field(
-        default=True, description="accepted; Corral's stream events carry no obfuscation padding"
-    )
 
 
 # -- sampling shared by both endpoints ----------------------------------------------------------

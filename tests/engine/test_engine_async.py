@@ -5,17 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from engine_helpers import chat
 
 from corral.engine import AsyncEngine, Engine, EngineConfig, RequestError, SamplingParams
 
 CONFIG = EngineConfig(num_threads=1)
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 async def collect(engine: AsyncEngine, prompt, params, **kw):

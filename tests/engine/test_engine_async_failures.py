@@ -9,6 +9,7 @@ import json
 
 import jsonschema
 import pytest
+from engine_helpers import chat
 
 from corral.engine import AsyncEngine, EngineConfig, RequestError, SamplingParams
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
@@ -20,13 +21,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +154,7 @@ def test_foreign_constraint_is_refused_and_serving_goes_on(smollm2, tokinfo):
         try:
             with pytest.raises(RequestError, match="another tokenizer"):
                 await collect(engine, prompt, SamplingParams(max_tokens=8), foreign)
-            outs = await collect(engine, prompt, SamplingParams(max_tokens=40), city)
+            outs = await collect(engine, prompt, SamplingParams(max_tokens=64, temperature=0), city)
             assert engine.health() == "ok" and engine.restarts == 0
             settled(engine)
         finally:

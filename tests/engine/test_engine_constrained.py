@@ -11,6 +11,7 @@ import re
 
 import jsonschema
 import pytest
+from engine_helpers import chat
 
 from corral.engine import Engine, EngineConfig, SamplingParams
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
@@ -28,13 +29,6 @@ def tokinfo(smollm2):
     return TokenizerInfo.from_hf(
         smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
     )
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 def maskbench_sample(corpus, tokinfo) -> list[tuple[str, dict, object]]:

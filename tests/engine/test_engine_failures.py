@@ -13,6 +13,7 @@ import json
 
 import jsonschema
 import pytest
+from engine_helpers import chat, make_engine
 
 from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
 from corral.engine.core import EngineFailure
@@ -44,17 +45,6 @@ NESTED = {
     "additionalProperties": False,
 }
 ROW_LIMIT = '{"max_items_in_row": 40}'
-
-
-def make_engine(model, **overrides) -> Engine:
-    return Engine(model, EngineConfig(num_threads=1, **overrides))
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 def settled(eng: Engine) -> None:

@@ -14,24 +14,14 @@ import re
 
 import pytest
 import torch
+from engine_helpers import chat, make_engine
 
-from corral.engine import Engine, EngineConfig, SamplingParams
+from corral.engine import SamplingParams
 from corral.engine.jump_forward import DraftHints, _tokenize_after
 from corral.engine.kv_pool import KVPool
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
-
-
-def make_engine(model, **overrides) -> Engine:
-    return Engine(model, EngineConfig(num_threads=1, **overrides))
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 @pytest.fixture(scope="module")

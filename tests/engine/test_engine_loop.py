@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import chat, make_engine
 
 from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
 from corral.engine.kv_pool import KVPool
@@ -21,18 +22,6 @@ QUESTIONS = [
     "List three prime numbers.",
     "Explain in one sentence why the sky is blue, please, and keep it short.",
 ]
-
-
-def make_engine(model, **overrides) -> Engine:
-    # One thread: the test machine is small and shared; results do not depend on it.
-    return Engine(model, EngineConfig(num_threads=1, **overrides))
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 @pytest.fixture(scope="module")

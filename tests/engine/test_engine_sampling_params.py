@@ -11,23 +11,13 @@ import math
 
 import pytest
 import torch
+from engine_helpers import chat, make_engine
 
-from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
+from corral.engine import Engine, RequestError, SamplingParams
 from corral.engine.model_runner import ForwardBatch
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 EOS = 2  # SmolLM2's <|im_end|>
-
-
-def make_engine(model, **overrides) -> Engine:
-    return Engine(model, EngineConfig(num_threads=1, **overrides))
-
-
-def chat(model, text: str) -> list[int]:
-    enc = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
 def settled(eng: Engine) -> None:
