@@ -7,7 +7,11 @@ against its schema (jsonschema, Draft 2020-12), an error event or a 5xx is a fai
 request with no answer within `timeout_s` is stuck. After a wave the server must come back to
 its baseline: nothing admitted, nothing running, no KV slot held by a request.
 
-    python bench/load.py --url http://127.0.0.1:8000 --api-key KEY --minutes 5   # the soak
+    python bench/load.py --url http://127.0.0.1:8000 --api-key KEY --pid PID --minutes 5  # the soak
+
+The soak runs rounds (64 streamed requests of which a third hang up, then 64 plain ones) for
+`--minutes` after one warm-up round, and prints per round what happened, what is still held and
+the server's RSS (with `--pid`); it exits 1 on any failure or stuck request.
 
 `tests/api/test_api_load.py` runs one short round of the same waves against its own server.
 """
@@ -233,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     model = httpx.get(args.url + "/v1/models", headers={"Authorization": f"Bearer {args.api_key}"},
                       timeout=30).json()["data"][0]["id"]  # fmt: skip
+    # One round first, not counted: what a server allocates once at this concurrency (buffers,
+    # compiled schemas, allocator arenas) is not a leak; RSS is compared from after it.
+    warm = round_of_waves(args.url, args.api_key, model, args.concurrency, -2, args.max_tokens)
+    print(f"warm-up: {warm.line()}; held after {wait_for_baseline(args.url)}", flush=True)
     rss0 = rss_bytes(args.pid) if args.pid else None
     total, rnd = Tally(), 0
     end = time.monotonic() + args.minutes * 60
