@@ -15,7 +15,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from corral.api.engine_call import engine_health
 from corral.api.errors import (
     install_error_handlers,
     model_not_found,
@@ -130,7 +129,7 @@ def _add_routes(app: FastAPI) -> None:
         """200 ``{"status": "ok"}`` only while the engine can serve; else 503 with its state
         ("starting", "restarting" or "down")."""
         state = _state(request)
-        status = engine_health(state.engine)
+        status = state.engine.health()
         body = {"status": status, "model": state.model_name}
         if status == "ok":
             return JSONResponse(body)

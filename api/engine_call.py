@@ -81,15 +81,10 @@ class Admitted:
         return GuardedStream(events, on_close)
 
 
-def engine_health(engine: Any) -> str:
-    """The engine's ``health()``: "starting", "ok", "restarting" or "down"."""
-    return engine.health()
-
-
 def require_engine(state: ServerState) -> None:
     """503 ``engine_unavailable`` (with Retry-After) unless the engine can serve now: a stream
     gets it as its status, before the first byte, rather than as an error event."""
-    health = engine_health(state.engine)
+    health = state.engine.health()
     if health != "ok":
         raise unavailable(
             f"the engine cannot take requests now ({health})", "engine_unavailable", 1

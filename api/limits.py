@@ -38,52 +38,6 @@ _SCHEMA_ONE = frozenset(
 _SCALAR_BYTES = {True: 4, False: 5, None: 4}
 
 
-# -- lone surrogates ----------------------------------------------------------------------------
-
-
-def has_lone_surrogate(text: str) -> bool:
-    """True when ``text`` holds a UTF-16 surrogate code point on its own (not valid Unicode).
-
-    JSON allows ``"\\ud800"``, and Python's parser keeps it as a lone surrogate, which no
-    tokenizer, regex engine or UTF-8 encoder accepts."""
-    if text.isascii():
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def lone_surrogate_path(data: Any) -> tuple[tuple[str | int, ...], bool] | None:
-    """Where the first lone surrogate in a parsed JSON value is: (path, in_key), or None.
-
-    ``path`` leads to the string, or to the object one of whose keys holds it (``in_key``).
-    Strings are checked where they are met; only containers go on the stack."""
-    if isinstance(data, str):
-        return ((), False) if has_lone_surrogate(data) else None
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if isinstance(key, str) and has_lone_surrogate(key):
-                    return path, True
-                if isinstance(value, str):
-                    if has_lone_surrogate(value):
-                        return (*path, key), False
-                elif isinstance(value, dict | list):
-                    stack.append(((*path, key), value))
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                if isinstance(value, str):
-                    if has_lone_surrogate(value):
-                        return (*path, i), False
-                elif isinstance(value, dict | list):
-                    stack.append(((*path, i), value))
-    return None
-
-
 # -- schema statistics --------------------------------------------------------------------------
 
 

@@ -35,7 +35,6 @@ from corral.api.constraints import (
     fold_constraint,
     request_error,
 )
-from corral.api.limits import lone_surrogate_path
 from corral.api.messages import (
     AssistantMessage,
     FunctionDef,
@@ -51,6 +50,7 @@ from corral.api.messages import (
     _Closed,
     content_text,
 )
+from corral.grammar.input_checks import lone_surrogate_path
 
 # The response formats are defined with the rest of the constraint logic; they are part of
 # the request bodies too, so they can be imported from here.

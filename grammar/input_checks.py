@@ -28,14 +28,15 @@ def check_document(doc: Any, what: str = "schema") -> None:
     depth, dirty = _scan(doc)
     if depth > MAX_NESTING_DEPTH:
         raise nesting_error(what, depth)
-    if dirty:
-        pointer, keyword, in_key = _find_surrogate(doc)
+    found = lone_surrogate_path(doc) if dirty else None
+    if found is not None:
+        path, in_key = found
         place = "a member name" if in_key else "a string"
         raise ConstraintError(
             f"the {what} has {place} with a lone surrogate (an unpaired UTF-16 code unit such as "
             "\\ud800), which is not valid Unicode text; remove it or write a whole character",
-            pointer=pointer,
-            keyword=keyword,
+            pointer="".join(f"/{_escape(str(p))}" for p in path),
+            keyword=next((p for p in reversed(path) if isinstance(p, str)), ""),
         )
 
 
@@ -59,7 +60,7 @@ def nesting_error(what: str, depth: int | None = None) -> ConstraintError:
 
 def check_text(text: str, what: str, pointer: str = "") -> None:
     """Refuse a constraint text (regex, grammar, choice) that holds a lone surrogate."""
-    if text.isascii() or _encodable(text):
+    if is_valid_text(text):
         return
     at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
     raise ConstraintError(
@@ -70,7 +71,11 @@ def check_text(text: str, what: str, pointer: str = "") -> None:
     )
 
 
-def _encodable(text: str) -> bool:
+def is_valid_text(text: str) -> bool:
+    """False when ``text`` holds a UTF-16 surrogate on its own: JSON allows ``"\\ud800"`` and
+    Python's parser keeps it, but no UTF-8 encoder, tokenizer or regex engine takes it."""
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -78,19 +83,39 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _clean(s: str) -> bool:
-    return s.isascii() or _encodable(s)
+def lone_surrogate_path(data: Any) -> tuple[tuple[str | int, ...], bool] | None:
+    """Where the first lone surrogate in a parsed JSON value is: (path, in_key), or None.
+
+    ``path`` leads to the string, or to the object one of whose member names holds it
+    (``in_key``); an object's names are checked before anything below it, so the path's own
+    names are always valid text. Strings are checked where they are met; only containers go on
+    the stack."""
+    if isinstance(data, str):
+        return None if is_valid_text(data) else ((), False)
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while stack:
+        path, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(key, str) and not is_valid_text(key):
+                return path, True
+            if isinstance(value, str):
+                if not is_valid_text(value):
+                    return (*path, key), False
+            elif isinstance(value, dict | list):
+                stack.append(((*path, key), value))
+    return None
 
 
 def _scan(doc: Any) -> tuple[int, bool]:
-    """(the document's depth in JSON levels, whether some string or key is not encodable);
+    """(the document's depth in JSON levels, whether some string or key is not valid text);
     stops descending once the depth passes the limit."""
     deepest, dirty = 0, False
     stack = [(doc, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
-            dirty = dirty or not _clean(node)
+            dirty = dirty or not is_valid_text(node)
             continue
         if not isinstance(node, dict | list):
             continue
@@ -98,32 +123,11 @@ def _scan(doc: Any) -> tuple[int, bool]:
         if depth > MAX_NESTING_DEPTH:
             continue
         if isinstance(node, dict):
-            dirty = dirty or not all(_clean(k) for k in node if isinstance(k, str))
+            dirty = dirty or not all(is_valid_text(k) for k in node if isinstance(k, str))
             stack.extend((v, depth + 1) for v in node.values())
         else:
             stack.extend((v, depth + 1) for v in node)
     return deepest, dirty
-
-
-def _find_surrogate(doc: Any) -> tuple[str, str, bool]:
-    """(pointer, keyword, whether it is in a member name) of the first lone surrogate, in an
-    order that checks an object's member names before anything below it - so the pointer's own
-    tokens are always clean text."""
-    stack: list[tuple[Any, str, str]] = [(doc, "", "")]
-    while stack:
-        node, pointer, keyword = stack.pop()
-        if isinstance(node, str):
-            if not _clean(node):
-                return pointer, keyword, False
-        elif isinstance(node, dict):
-            if not all(_clean(k) for k in node):
-                return pointer, keyword, True
-            for k, v in node.items():
-                stack.append((v, f"{pointer}/{_escape(k)}", k))
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                stack.append((v, f"{pointer}/{i}", keyword))
-    return "", "", False  # pragma: no cover - only called when _scan found one
 
 
 def _escape(token: str) -> str:
