@@ -12,6 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from corral.engine.config import EngineConfig
+from corral.paths import CACHE_DIR_ENV
+
 _GIB = 1 << 30
 
 
@@ -121,6 +124,11 @@ class ServerConfig:
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
 
+    def engine_config(self) -> EngineConfig:
+        """The engine this server runs: `build_state` builds it from here, and so does
+        `bench/engine.py`, so the bench measures the engine `corral serve` runs."""
+        return EngineConfig(kv_cache_bytes=self.memory_bytes, max_num_seqs=self.max_concurrent)
+
     @classmethod
     def from_sources(
         cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None
@@ -155,7 +163,7 @@ SETTINGS: tuple[Setting, ...] = (
             "requests decoded together (default 16)"),
     Setting("queue_limit", "--queue-limit", "CORRAL_QUEUE_LIMIT", int,
             "requests allowed to wait beyond those; more get 429 + Retry-After (default 64)"),
-    Setting("cache_dir", "--cache-dir", "CORRAL_CACHE_DIR", str,
+    Setting("cache_dir", "--cache-dir", CACHE_DIR_ENV, str,
             "converted models and compiled constraints (default ~/.cache/corral)"),
     Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,
             "debug, info, warning or error (default info)"),

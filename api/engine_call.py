@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from corral.api.constraints import compile_or_400
 from corral.api.errors import ApiError, status_of, unavailable
 from corral.api.outcomes import failure, record_failure
+from corral.api.response_formats import compile_or_400
 from corral.api.responses import new_id
 from corral.api.state import ServerState
 from corral.grammar import ConstraintError

@@ -20,8 +20,8 @@ from corral.api.errors import ApiError
 
 if TYPE_CHECKING:
     from corral.api.config import ServerConfig
-    from corral.api.constraints import ResponseFormat
     from corral.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
+    from corral.api.response_formats import ResponseFormat
 
 TOO_COMPLEX = "constraint_too_complex"
 

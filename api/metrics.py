@@ -1,7 +1,9 @@
 """Prometheus metrics, in a registry per app (never the process-global one).
 
 Request-path metrics (status counts, tokens, TTFT, inter-token latency) are observed as requests
-run; engine and compile-service gauges are read from their ``stats()`` at scrape time.
+run; engine and compile-service gauges are read from their ``stats()`` at scrape time, by the
+exact keys those produce (``engine.stats.collect``, ``schema_cache.stats.CacheStats.snapshot``,
+``Admission.stats``): a missing key is a bug and fails the scrape, never a silent zero.
 """
 
 from __future__ import annotations
@@ -90,49 +92,34 @@ class _StatsCollector(Collector):
         return []  # dynamic: describe nothing, so registration does not call collect()
 
     def collect(self) -> Iterator[Any]:
-        engine = self._engine()  # read now: the gauges are never older than the scrape
-        yield from _engine_metrics(engine)
+        yield from _engine_metrics(self._engine())  # read now: never older than the scrape
         yield from _compile_metrics(self._compiles())
-        adm = self._admission()
         yield GaugeMetricFamily(
             "corral_requests_in_flight",
             "requests admitted and not finished",
-            value=adm.get("in_flight", 0),
+            value=self._admission()["in_flight"],
         )
-        yield GaugeMetricFamily(
-            "corral_queue_depth",
-            "requests admitted but waiting for the engine",
-            value=_first(engine, ("num_waiting", "waiting", "queue_depth"), adm.get("queued", 0)),
-        )
-
-
-def _first(stats: Mapping[str, Any], keys: tuple[str, ...], default: float = 0.0) -> float:
-    for k in keys:
-        if k in stats and stats[k] is not None:
-            return float(stats[k])
-    return float(default)
 
 
 def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
     yield GaugeMetricFamily(
-        "corral_running_requests",
-        "sequences decoding now",
-        value=_first(s, ("num_running", "running")),
+        "corral_queue_depth", "requests admitted but waiting for the engine", value=s["waiting"]
     )
+    yield GaugeMetricFamily("corral_running_requests", "sequences decoding now", value=s["running"])
     yield GaugeMetricFamily(
         "corral_kv_cache_usage_ratio",
         "fraction of KV-pool slots in use (running sequences and the prefix cache)",
-        value=_first(s, ("kv_usage", "kv_cache_usage")),
+        value=s["kv_usage"],
     )
     yield GaugeMetricFamily(
         "corral_kv_request_tokens",
         "KV slots held by requests outside the prefix cache (0 when idle, or a leak)",
-        value=_first(s, ("kv_request_tokens",)),
+        value=s["kv_request_tokens"],
     )
     yield GaugeMetricFamily(
         "corral_radix_locked_tokens",
         "prefix-cache tokens pinned by running requests (0 when idle, or a leak)",
-        value=_first(s, ("radix_locked_tokens",)),
+        value=s["radix_locked_tokens"],
     )
 
 
@@ -142,25 +129,25 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
         "constraints obtained, by where they came from",
         labels=["source"],
     )
-    by_source.add_metric(["memory"], float(s.get("hits_memory", 0)))
-    by_source.add_metric(["disk"], float(s.get("hits_disk", 0)))
-    by_source.add_metric(["compiled"], float(s.get("compiles", 0)))
+    by_source.add_metric(["memory"], float(s["hits_memory"]))
+    by_source.add_metric(["disk"], float(s["hits_disk"]))
+    by_source.add_metric(["compiled"], float(s["compiles"]))
     yield by_source
     failures = CounterMetricFamily(
         "corral_constraint_compile_failures",
         "constraints refused as a client mistake (cached or not)",
     )
-    failures.add_metric([], float(s.get("compile_failures", 0)) + float(s.get("hits_failure", 0)))
+    failures.add_metric([], float(s["compile_failures"] + s["hits_failure"]))
     yield failures
     seconds = CounterMetricFamily(
         "corral_constraint_compile_seconds", "time spent compiling constraints"
     )
-    seconds.add_metric([], float(s.get("compile_seconds_sum", 0.0)))
+    seconds.add_metric([], float(s["compile_seconds_sum"]))
     yield seconds
     count = CounterMetricFamily(
         "corral_constraint_compile_count", "compiles timed in compile_seconds"
     )
-    count.add_metric([], float(s.get("compile_seconds_count", 0)))
+    count.add_metric([], float(s["compile_seconds_count"]))
     yield count
     yield from _counters(
         s,
@@ -175,5 +162,5 @@ def _counters(s: Mapping[str, Any], *specs: tuple[str, str, tuple[str, ...]]) ->
     """Unlabelled counters, each the sum of some compile-service figures."""
     for name, doc, keys in specs:
         family = CounterMetricFamily(name, doc)
-        family.add_metric([], float(sum(s.get(k, 0) for k in keys)))
+        family.add_metric([], float(sum(s[k] for k in keys)))
         yield family

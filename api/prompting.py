@@ -22,7 +22,7 @@ from corral.api.protocol import (
     content_text,
 )
 from corral.api.tools import ToolPlan, history_text, tools_system_prompt
-from corral.grammar.input_checks import is_valid_text
+from corral.grammar.input_checks import lone_surrogate_at
 
 _PROBE_TOOL = {
     "type": "function",
@@ -151,9 +151,9 @@ def _with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list
 def check_text(text: str, param: str) -> None:
     """400 for text that is not valid Unicode (a lone surrogate such as ``"\\ud800"`` is valid
     JSON, but no tokenizer can encode it)."""
-    if is_valid_text(text):
+    at = lone_surrogate_at(text)
+    if at is None:
         return
-    at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
     raise bad_request(
         f"{param}: the text contains a lone surrogate ({text[at]!a}) at character {at}; it is "
         "not valid Unicode and cannot be tokenized",

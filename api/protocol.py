@@ -8,7 +8,7 @@ number). A lone surrogate anywhere in the body (``"\\ud800"``) is a 400 naming w
 
 The constraint dialects of vLLM (``guided_*``, ``structured_outputs``) and SGLang (``regex``,
 ``json_schema``, ``ebnf``) are folded into ``response_format`` while parsing, so one function
-(``constraints.format_spec``) turns any of them into a ConstraintSpec; the folded format
+(``response_formats.format_spec``) turns any of them into a ConstraintSpec; the folded format
 remembers the field it came from (``param``) for error messages. Two constraints in one request
 are a 400. See the README's "Extensions" for what each field means.
 """
@@ -20,21 +20,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from corral.api.constraints import (
-    DIALECT_FIELDS,
-    NO_WHITESPACE_PATTERN,
-    ChoiceFormat,
-    GrammarFormat,
-    JsonObjectFormat,
-    JsonSchemaFormat,
-    JsonSchemaResponseFormat,
-    RegexFormat,
-    ResponseFormat,
-    StructuredOutputs,
-    TextFormat,
-    fold_constraint,
-    request_error,
-)
 from corral.api.messages import (
     AssistantMessage,
     FunctionDef,
@@ -49,6 +34,21 @@ from corral.api.messages import (
     UserMessage,
     _Closed,
     content_text,
+)
+from corral.api.response_formats import (
+    DIALECT_FIELDS,
+    NO_WHITESPACE_PATTERN,
+    ChoiceFormat,
+    GrammarFormat,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaResponseFormat,
+    RegexFormat,
+    ResponseFormat,
+    StructuredOutputs,
+    TextFormat,
+    fold_constraint,
+    request_error,
 )
 from corral.grammar.input_checks import lone_surrogate_path
 

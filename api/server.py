@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 
 from corral.api.config import ServerConfig
 from corral.api.state import ServerState
@@ -17,8 +16,8 @@ def build_state(config: ServerConfig) -> ServerState:
     """Load the model and build the engine and the compile service (no network)."""
     from corral.engine.assets import load_model
     from corral.engine.async_engine import AsyncEngine
-    from corral.engine.config import EngineConfig
     from corral.grammar import TokenizerInfo
+    from corral.paths import constraints_root
     from corral.schema_cache import CacheConfig, CompileService
 
     model = load_model(config.model, cache_dir=config.cache_dir)
@@ -27,19 +26,18 @@ def build_state(config: ServerConfig) -> ServerState:
     )
     # Workers for the risky compiles start in the background now, so the first such
     # constraint does not wait for one.
-    root = Path(config.cache_dir) / "constraints" if config.cache_dir else None
     cache = CacheConfig(
-        root=root,
+        root=constraints_root(config.cache_dir),
         prestart_workers=True,
         process_workers=config.compile_workers,
         compile_deadline_s=config.compile_deadline_s,
     )
     compiler = CompileService(tok, cache)
-    engine_config = EngineConfig(
-        kv_cache_bytes=config.memory_bytes, max_num_seqs=config.max_concurrent
-    )
     engine = AsyncEngine(
-        model, engine_config, compiler.get_or_compile, tokenizer_fingerprint=tok.fingerprint
+        model,
+        config.engine_config(),
+        compiler.get_or_compile,
+        tokenizer_fingerprint=tok.fingerprint,
     )
     state = ServerState(
         config=config,

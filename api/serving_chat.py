@@ -13,13 +13,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import ChoiceState, LogprobFormatter
 from corral.api.config import ServerConfig
-from corral.api.constraints import (
-    FormatSpec,
-    constraint_error,
-    format_spec,
-    unenforced_report,
-    wants_closed_objects,
-)
 from corral.api.engine_call import (
     CLIENT_LEFT,
     Admitted,
@@ -31,6 +24,14 @@ from corral.api.engine_call import (
 from corral.api.errors import ApiError, bad_request, error_events, status_of
 from corral.api.limits import check_limits
 from corral.api.protocol import ChatCompletionRequest, TextFormat
+from corral.api.request_params import check_model, sampling_params, usage
+from corral.api.response_formats import (
+    FormatSpec,
+    constraint_error,
+    format_spec,
+    unenforced_report,
+    wants_closed_objects,
+)
 from corral.api.responses import (
     ApiJSONResponse,
     ChatChoice,
@@ -46,7 +47,6 @@ from corral.api.responses import (
     new_id,
     now,
 )
-from corral.api.sampling import check_model, sampling_params, usage
 from corral.api.state import ServerState
 from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
 from corral.grammar import ConstraintError

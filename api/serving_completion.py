@@ -12,13 +12,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import LogprobFormatter
 from corral.api.config import ServerConfig
-from corral.api.constraints import (
-    FormatSpec,
-    constraint_error,
-    format_spec,
-    unenforced_report,
-    wants_closed_objects,
-)
 from corral.api.engine_call import (
     CLIENT_LEFT,
     Admitted,
@@ -34,6 +27,14 @@ from corral.api.limits import check_limits
 from corral.api.outcomes import finish_reason
 from corral.api.prompting import encode_prompt
 from corral.api.protocol import CompletionRequest
+from corral.api.request_params import check_model, sampling_params
+from corral.api.response_formats import (
+    FormatSpec,
+    constraint_error,
+    format_spec,
+    unenforced_report,
+    wants_closed_objects,
+)
 from corral.api.responses import (
     ApiJSONResponse,
     Completion,
@@ -44,7 +45,6 @@ from corral.api.responses import (
     new_id,
     now,
 )
-from corral.api.sampling import check_model, sampling_params
 from corral.api.state import ServerState
 
 ENDPOINT = "completions"

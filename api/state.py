@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.api.config import ServerConfig
-from corral.api.constraints import CompileFn
 from corral.api.errors import queue_full
 from corral.api.metrics import ServerMetrics, StatsFn
 from corral.api.prompting import ChatFormatter
+from corral.api.response_formats import CompileFn
 
 
 class Admission:
@@ -23,7 +23,6 @@ class Admission:
     """
 
     def __init__(self, max_concurrent: int, queue_limit: int, retry_after_s: int = 1) -> None:
-        self.max_concurrent = max_concurrent
         self.limit = max_concurrent + queue_limit
         self.retry_after_s = retry_after_s
         self._in_flight = 0
@@ -51,7 +50,7 @@ class Admission:
     def stats(self) -> dict[str, int]:
         with self._lock:
             n = self._in_flight
-        return {"in_flight": n, "queued": max(0, n - self.max_concurrent)}
+        return {"in_flight": n}
 
 
 @dataclass
@@ -81,8 +80,4 @@ class ServerState:
     def __post_init__(self) -> None:
         self.formatter = ChatFormatter(self.tokenizer, self.chat_template)
         self.admission = Admission(self.config.max_concurrent, self.config.queue_limit)
-        self.metrics = ServerMetrics(self._engine_stats, self.compile_stats, self.admission.stats)
-
-    def _engine_stats(self) -> dict[str, Any]:
-        stats = getattr(self.engine, "stats", None)
-        return dict(stats()) if callable(stats) else {}
+        self.metrics = ServerMetrics(self.engine.stats, self.compile_stats, self.admission.stats)

@@ -4,11 +4,17 @@
 
     python bench/engine.py --only jump-forward      # one figure (repeatable)
 
+Every engine runs with the EngineConfig `corral serve` builds by default
+(`ServerConfig().engine_config()`) and this run's `--threads`; a figure that changes a field
+(an ablation, or the bench's former batch-32 setting) says so on its line.
+
 Prints, for each figure, ours, the peer's (or the reference run's) and the ratio:
-1. throughput (output tokens/s, greedy, fixed output length) at batch 1, 8 and 32 vs HF;
+1. throughput (output tokens/s, greedy, fixed output length) at batch 1, 8 and 32 vs HF; batch
+   32 also with 32 seats and a 2,048-token step budget (the server's default seats 16);
 2. constrained TPOT vs unconstrained TPOT at batch 8 (Glaiveai2K schemas; the unconstrained run
    gives each prompt as many tokens as its constrained run produced, so both runs have the
-   same batch shape step by step);
+   same batch shape step by step). Runs are interleaved in pairs; the ratio is the median of
+   the per-pair ratios (printed), beside the median TPOT of each side;
 3. TTFT with a 1,000-token shared prefix: prefix-cache hit vs miss;
 4. forward passes per output token with jump-forward vs without, on 50 Glaiveai2K schemas
    spread evenly over the subset. Each request is a realistic chat request for JSON: a
@@ -29,11 +35,14 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from jsonschema import Draft202012Validator
+from provenance import header
 
+from corral.api.config import ServerConfig
 from corral.engine import Engine, EngineConfig, SamplingParams, load_model
 from corral.engine.assets import resolve_model_folder
 from corral.engine.config import available_cores
@@ -42,8 +51,8 @@ from corral.grammar.schema_close import close_objects
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run
-CLOSED_OBJECTS = True
-TPOT_REPEATS = 3  # --open-objects turns it off, like the server's flag
+CLOSED_OBJECTS = True  # --open-objects turns it off, like the server's flag
+TPOT_REPEATS = 3
 QUESTIONS = [
     "Explain how a bicycle works.",
     "Write a short poem about autumn leaves.",
@@ -61,21 +70,30 @@ def chat(tok, text: str) -> list[int]:
     return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
-def row(name: str, ours: float, peer: float, unit: str, peer_name: str) -> None:
-    ratio = ours / peer if peer else float("nan")
+def engine_config(**overrides) -> EngineConfig:
+    """`corral serve`'s default EngineConfig with this run's threads and `overrides` (a figure
+    that passes any names them in its output)."""
+    return replace(ServerConfig().engine_config(), **THREADS, **overrides)
+
+
+def row(
+    name: str, ours: float, peer: float, unit: str, peer_name: str, ratio: float | None = None
+) -> None:
+    """One figure; `ratio` defaults to ours / peer."""
+    if ratio is None:
+        ratio = ours / peer if peer else float("nan")
     print(f"{name:<44} ours {ours:10.3f} {unit:<8} {peer_name} {peer:10.3f}  ratio {ratio:6.2f}")
 
 
 # ---- 1. throughput ----------------------------------------------------------------------------
 
 
-def corral_throughput(model, prompts, new_tokens: int) -> float:
-    eng = Engine(model, EngineConfig(max_num_seqs=64, max_batched_tokens=2048, **THREADS))
+def corral_throughput(model, prompts, new_tokens: int, config: EngineConfig) -> float:
+    warm = Engine(model, config)
+    warm.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0))
+    warm.close()
+    eng = Engine(model, config)  # a cold prefix cache
     params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-    eng.generate(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # warm up
-    eng = Engine(
-        model, EngineConfig(max_num_seqs=64, max_batched_tokens=2048, **THREADS)
-    )  # cold cache
     t = time.perf_counter()
     out = eng.generate(prompts, params)
     dt = time.perf_counter() - t
@@ -148,7 +166,7 @@ def json_request(tok, name: str, schema: dict) -> list[int]:
 def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> tuple[float, list[int]]:
     """(mean time per output token after the first, over the batch's sequences; the number of
     tokens each sequence produced). ``params``: one SamplingParams per prompt."""
-    eng = Engine(model, EngineConfig(jump_forward=jump_forward, **THREADS))
+    eng = Engine(model, engine_config(jump_forward=jump_forward))
     rids = [
         eng.add_request(p, sp, c) for p, sp, c in zip(prompts, params, constraints, strict=True)
     ]
@@ -190,7 +208,7 @@ def shared_prefix(tok, n: int) -> list[int]:
 
 def passes_per_token(model, prompts, constraints, max_tokens: int, **config):
     """(stats, token ids per request) of one greedy run over all requests at once."""
-    eng = Engine(model, EngineConfig(max_num_seqs=64, **config, **THREADS))
+    eng = Engine(model, engine_config(**config))
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     out = eng.generate(prompts, params, constraints)
     eng.close()
@@ -209,6 +227,7 @@ def jump_forward_figures(model, tok, schemas, max_tokens: int) -> None:
         f"  {'closed' if CLOSED_OBJECTS else 'open'} objects: {len(stopped)}/{len(schemas)} "
         f"outputs end with stop, {valid} of them valid against the schema as given"
     )
+    print("  no JF: jump_forward=False; JF grammar-forced drafts: lookup_draft_tokens=0")
     runs = (("grammar-forced drafts", 0), ("+ lookup drafts", EngineConfig.lookup_draft_tokens))
     for label, lookup in runs:
         on, outs_on = passes_per_token(
@@ -249,10 +268,17 @@ def throughput_figures(model, tok, new_tokens: int) -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_folder(None)), dtype=torch.float32)
     hf.eval()
     prompts = [chat(tok, QUESTIONS[i % len(QUESTIONS)] + f" (#{i})") for i in range(32)]
+    hf_rate = {}
     for b in (1, 8, 32):
-        ours = corral_throughput(model, prompts[:b], new_tokens)
-        theirs = hf_throughput(hf, tok, prompts[:b], new_tokens)
-        row(f"throughput batch {b} (tok/s)", ours, theirs, "tok/s", "HF")
+        ours = corral_throughput(model, prompts[:b], new_tokens, engine_config())
+        hf_rate[b] = hf_throughput(hf, tok, prompts[:b], new_tokens)
+        row(f"throughput batch {b} (tok/s)", ours, hf_rate[b], "tok/s", "HF")
+    # The server's default seats 16 sequences, so its batch 32 decodes 16 at a time; the
+    # bench's own setting seats all 32 and prefills them in one step.
+    wide = engine_config(max_num_seqs=64, max_batched_tokens=2048)
+    ours = corral_throughput(model, prompts, new_tokens, wide)
+    row("throughput batch 32, bench config (tok/s)", ours, hf_rate[32], "tok/s", "HF")
+    print("  bench config: max_num_seqs=64, max_batched_tokens=2048; other lines: server's")
 
 
 def tpot_figures(model, tok, tokinfo, new_tokens: int) -> None:
@@ -270,18 +296,22 @@ def tpot_figures(model, tok, tokinfo, new_tokens: int) -> None:
         runs["free"].append(tpot(model, prompts, free_params, [None] * 8)[0])
         runs["cons"].append(tpot(model, prompts, params, constraints, jump_forward=False)[0])
         runs["cons_jf"].append(tpot(model, prompts, params, constraints, jump_forward=True)[0])
-    free, cons, cons_jf = (statistics.median(runs[k]) for k in ("free", "cons", "cons_jf"))
     print(
-        f"  output lengths (tokens): {lengths}; medians of {TPOT_REPEATS} interleaved runs; "
-        f"ratios per run: {[round(c / f, 3) for c, f in zip(runs['cons'], runs['free'], strict=True)]}"
+        f"  output lengths (tokens): {lengths}; {TPOT_REPEATS} interleaved runs; TPOTs: median; "
+        "ratio: median of the per-run ratios; no JF: jump_forward=False"
     )
-    row("TPOT batch 8, constrained, no JF (ms)", cons * 1e3, free * 1e3, "ms", "unconstr.")
-    row("TPOT batch 8, constrained + JF (ms)", cons_jf * 1e3, free * 1e3, "ms", "unconstr.")
+    free = statistics.median(runs["free"])
+    for key, label in (("cons", "constrained, no JF"), ("cons_jf", "constrained + JF")):
+        ratios = [c / f for c, f in zip(runs[key], runs["free"], strict=True)]
+        print(f"  {label} / unconstrained, per run: {[round(r, 3) for r in ratios]}")
+        ours = statistics.median(runs[key])
+        ratio = statistics.median(ratios)
+        row(f"TPOT batch 8, {label} (ms)", ours * 1e3, free * 1e3, "ms", "unconstr.", ratio)
 
 
 def ttft_figures(model, tok) -> None:
     prefix = shared_prefix(tok, 1000)
-    eng = Engine(model, EngineConfig(max_batched_tokens=2048, **THREADS))
+    eng = Engine(model, engine_config())
     ttft(eng, chat(tok, "warm up"))
     miss = ttft(eng, prefix + chat(tok, QUESTIONS[0]))
     hit = ttft(eng, prefix + chat(tok, QUESTIONS[1]))
@@ -304,6 +334,7 @@ def main() -> None:
         help="compile the schemas as given (the server's --open-objects true)",
     )
     args = ap.parse_args()
+    print(header(__file__), flush=True)
     global CLOSED_OBJECTS
     CLOSED_OBJECTS = not args.open_objects
     parts = set(args.only or PARTS)
@@ -315,6 +346,7 @@ def main() -> None:
     print(
         f"model {model.name}, float32, CPU, {args.threads} torch threads, {new_tokens} new tokens"
     )
+    print(f"engine: corral serve's default, {engine_config()}")
     if "throughput" in parts:
         throughput_figures(model, tok, new_tokens)
     tokinfo = TokenizerInfo.from_hf(

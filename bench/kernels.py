@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from provenance import header
 
 from corral.mask_kernels import SamplingTensors, apply_bitmask_, sample
 from corral.mask_kernels.bitmask_torch import apply_bitmask_torch_
@@ -196,6 +197,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch")
     parser.add_argument("--skip-sample", action="store_true")
     args = parser.parse_args()
+    print(header(__file__), flush=True)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
         batches, vocabs = (1, 8, 64), (32000, 128256)

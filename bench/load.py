@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import jsonschema
+from provenance import header
 
 SCHEMAS: tuple[dict, ...] = (
     {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args(argv)
+    print(header(__file__), flush=True)
     model = httpx.get(args.url + "/v1/models", headers={"Authorization": f"Bearer {args.api_key}"},
                       timeout=30).json()["data"][0]["id"]  # fmt: skip
     # One round first, not counted: what a server allocates once at this concurrency (buffers,

@@ -12,13 +12,15 @@ of closing that gap could give at best:
 - the pooled p50 if xgrammar's masks were served (a) for the schemas whose keywords xgrammar is
   taken to enforce exactly (``XGRAMMAR_EXACT``), (b) for every schema whose MaskBench instances
   xgrammar judged correctly (an optimistic bound: that is no proof of exactness, and xgrammar has
-  false accepts on other schemas), each with and without a per-mask filter cost, and choosing per
-  schema whichever engine is faster (an oracle: no policy knows that in advance);
+  false accepts on other schemas), each with and without a per-mask filter cost (``--filter-us``,
+  an assumed figure, not measured here), and choosing per schema whichever engine is faster (an
+  oracle: no policy knows that in advance);
 - how long xgrammar's stored form takes to load (what a warm process would wait for).
 
     python bench/mask_ceiling.py --sample 200
 
-Corral runs in this process (cold cache); xgrammar runs in a worker process with a time limit.
+Corral runs in this process (cold cache); xgrammar (the ``xgrammar-strict`` target, as in
+MaskBench) runs in a worker process with a time limit. Both engines' configurations are printed.
 """
 
 from __future__ import annotations
@@ -37,14 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from maskbench import DEFAULT_CORPUS, Worker, stratified_sample  # noqa: E402
-from maskbench_engines import LAYOUT, CorralEngine, Refused  # noqa: E402
+from maskbench import DEFAULT_CORPUS, engine_worker, run_in, stratified_sample  # noqa: E402
+from maskbench_engines import corral_cached  # noqa: E402
+from provenance import header
 
+from corral.fuzz.targets import CorralTarget, Refused, format_config, make_target  # noqa: E402
+from corral.fuzz.tokenizers import llama3_tokenizer  # noqa: E402
 from corral.grammar import TokenizerInfo  # noqa: E402
 from corral.grammar import backend_xgrammar as xgr  # noqa: E402
 from corral.grammar.schema_facts import ANNOTATIONS  # noqa: E402
 from corral.grammar.walk import accepts  # noqa: E402
 
+XGRAMMAR = "xgrammar-strict"  # the xgrammar target measured, configured as in MaskBench
 #: Keywords taken to be enforced exactly by xgrammar (with a filter for its string bugs, see
 #: FUZZING.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
 XGRAMMAR_EXACT = ANNOTATIONS | {
@@ -135,7 +141,7 @@ def contexts(token_texts: list[str]) -> list[str]:
     return out
 
 
-def walk_corral(engine: CorralEngine, tok: TokenizerInfo, doc: dict, bitmask) -> tuple:
+def walk_corral(engine: CorralTarget, tok: TokenizerInfo, doc: dict, bitmask) -> tuple:
     """Corral's mask times over every test instance, with each position's context."""
     handle = engine.compile(doc["schema"])
     times: list[float] = []
@@ -165,7 +171,9 @@ def pooled_p50(rows: list[Row], served=lambda r: False, extra_us: float = 0.0) -
 def measure(files: list[Path], tok: TokenizerInfo, timeout: float) -> list[Row]:
     """Corral first, all schemas in a row (as in MaskBench's worker: its data stays in the CPU's
     caches), then xgrammar over the same files in its worker process."""
-    corral = CorralEngine(tok, tempfile.mkdtemp(prefix="corral-ceiling-"))
+    corral = corral_cached(tok, tempfile.mkdtemp(prefix="corral-ceiling-"))
+    print(f"corral: {format_config(corral.config)}")
+    print(f"{XGRAMMAR}: {format_config(make_target(XGRAMMAR, tok).config)}", flush=True)
     bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
     walked = []
     t0 = time.time()
@@ -180,16 +188,16 @@ def measure(files: list[Path], tok: TokenizerInfo, timeout: float) -> list[Row]:
         if n % 200 == 0:
             print(f"  [{time.time() - t0:5.0f}s] corral {n}/{len(files)}", flush=True)
     rows = []
-    xgrammar = Worker("xgrammar", "")
+    xgrammar = engine_worker(XGRAMMAR, "")
     for n, (path, times, where, whitelisted) in enumerate(walked, 1):
-        x = xgrammar.run(path, timeout)
+        x = run_in(xgrammar, path, timeout)
         clean = x.get("status") == "ok" and not x["false_accept"] and not x["false_reject"]
         same_positions = clean and len(x["masks_us"]) == len(times)
         x_times = x["masks_us"] if same_positions else None
         rows.append(Row(path, times, where, x_times, whitelisted, x.get("ttfm_ms")))
         if n % 200 == 0:
             print(f"  [{time.time() - t0:5.0f}s] xgrammar {n}/{len(walked)}", flush=True)
-    xgrammar.close()
+    xgrammar.close(grace_s=5)
     return rows
 
 
@@ -209,9 +217,10 @@ def report(rows: list[Row], tok: TokenizerInfo, filter_us: float, seconds: float
         q = np.percentile(sel, [25, 50, 75]) if len(sel) else [float("nan")] * 3
         print(f"{c:28} {len(sel) / len(c_all):6.1%} {q[0]:6.1f} {q[1]:6.1f} {q[2]:6.1f}")
 
+    assumed = f"+{filter_us:g} us assumed"
     print(
         f"\n{'pooled mask p50 if xgrammar served':44} {'positions':>9} {'+0 us':>6} "
-        f"{f'+{filter_us:g} us':>7} {'best-of':>8}"
+        f"{assumed:>16} {'best-of':>8}"
     )
     for label, eligible in (
         ("schemas in XGRAMMAR_EXACT", lambda r: r.whitelisted),
@@ -227,8 +236,18 @@ def report(rows: list[Row], tok: TokenizerInfo, filter_us: float, seconds: float
             ),
             filter_us,
         )
-        print(f"{label:44} {share:9.1%} {plain:6.1f} {filtered:7.1f} {best:8.1f}")
+        print(f"{label:44} {share:9.1%} {plain:6.1f} {filtered:16.1f} {best:8.1f}")
+    print(
+        f"(+{filter_us:g} us: an assumed cost of a filter for xgrammar's string bugs, added to "
+        "each of its masks; not measured)"
+    )
+    _print_load_times(rows, tok)
 
+
+def _print_load_times(rows: list[Row], tok: TokenizerInfo) -> None:
+    """How long xgrammar's stored form of XGRAMMAR_EXACT schemas takes to load, in this
+    process: what a warm process would wait for."""
+    xgrammar = make_target(XGRAMMAR, tok)
     loads = []
     # in this process: only schemas whose xgrammar compile took under a second in the worker
     for r in rows:
@@ -238,8 +257,8 @@ def report(rows: list[Row], tok: TokenizerInfo, filter_us: float, seconds: float
             continue
         doc = json.loads(r.path.read_text(encoding="utf-8"))
         try:
-            blob = xgr.serialize(xgr.compile_schema(doc["schema"], LAYOUT, tok))
-        except Exception:  # noqa: BLE001 - refused by xgrammar: nothing to load
+            blob = xgr.serialize(xgrammar.compile(doc["schema"]))
+        except Refused:  # nothing to load
             continue
         s = time.perf_counter()
         xgr.deserialize(blob, tok)
@@ -261,12 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per xgrammar schema")
-    p.add_argument("--filter-us", type=float, default=1.5, help="cost of a soundness filter")
+    p.add_argument(
+        "--filter-us",
+        type=float,
+        default=1.5,
+        help="assumed cost of a soundness filter per mask (not measured) (default: %(default)s)",
+    )
     args = p.parse_args(argv)
+    print(header(__file__), flush=True)
     torch.set_num_threads(1)
 
     files = stratified_sample(sorted(args.corpus.glob("*.json")), args.sample, args.seed)
-    tok = TokenizerInfo.llama3()
+    tok = llama3_tokenizer()
     t0 = time.time()
     rows = measure(files, tok, args.timeout)
     report(rows, tok, args.filter_us, time.time() - t0)

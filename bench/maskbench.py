@@ -7,9 +7,14 @@ the mask and check that the next token is allowed. A schema passes when it compi
 instance is accepted (and the matcher may end right after it) and every invalid one is rejected.
 
 Engines, side by side in one run: Corral with a cold cache, Corral warm (new processes reading
-the disk cache the cold run wrote), raw llguidance and raw xgrammar. Each engine runs in its own
-worker process (one core each); a schema that runs past ``--timeout`` or crashes its worker is
+the disk cache the cold run wrote), raw llguidance and raw xgrammar in its strict mode (the fuzz
+targets of the same names, configured once in ``corral.fuzz.targets``; the report prints every
+engine's configuration). Each engine runs in its own worker process (one core each, supervised
+by ``corral.supervisor``); a schema that runs past ``--timeout`` or crashes its worker is
 counted, the worker replaced, and the run goes on.
+
+Besides each engine's own figures, the report compares the engines over the same work: the
+schemas every engine compiled, and the token positions every engine reached.
 
     python bench/maskbench.py --sample 2000 --json bench/results/maskbench.json
 """
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import random
 import re
@@ -29,11 +33,19 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from maskbench_report import print_report, summarize  # noqa: E402
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # every engine's worker gets one core
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from maskbench_engines import CORRAL_CACHED, engine_config  # noqa: E402
+from maskbench_report import common_figures, print_report, summarize  # noqa: E402
+from provenance import header  # noqa: E402
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
-ALL_ENGINES = ["corral-cold", "corral-warm", "llguidance", "xgrammar"]
+from corral.fuzz.targets import check_target_name  # noqa: E402
+from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed  # noqa: E402
+
+DEFAULT_CORPUS = BENCH_DIR.parents[1] / "shared" / "corpora" / "maskbench"
+ALL_ENGINES = ["corral-cold", "corral-warm", "llguidance", "xgrammar-strict"]
+STARTUP_TIMEOUT_S = 600.0  # a worker builds Llama-3's tokenizer tables (and Corral's workers)
 
 
 def subset_of(name: str) -> str:
@@ -54,78 +66,42 @@ def stratified_sample(files: list[Path], n: int | None, seed: int) -> list[Path]
     return sorted(picked)
 
 
-def _worker(conn, engine: str, cache_dir: str) -> None:
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    from maskbench_engines import ENGINES, run_schema
-
-    from corral.grammar import TokenizerInfo
-
-    tok = TokenizerInfo.llama3()
-    eng = ENGINES[engine.split("-")[0]](tok, cache_dir)
-    conn.send("ready")
-    while True:
-        path = conn.recv()
-        if path is None:
-            return
-        try:
-            conn.send(run_schema(eng, tok, path))
-        except Exception as e:  # an engine bug on one schema is a result, not the end of the run
-            conn.send({"file": os.path.basename(path), "status": "crash", "error": repr(e)[:300]})
+def engine_worker(engine: str, cache_dir: str) -> Worker:
+    """The worker process of one engine (``maskbench_engines.main``); it starts on first use."""
+    init = json.dumps({"engine": engine, "cache_dir": cache_dir}).encode()
+    return Worker(
+        "maskbench_engines",
+        label=f"MaskBench {engine} worker",
+        init=[init],
+        start_timeout_s=STARTUP_TIMEOUT_S,
+        pythonpath=[str(BENCH_DIR)],
+    )
 
 
-class Worker:
-    """A worker process for one engine; replaced after a timeout or a crash."""
-
-    def __init__(self, engine: str, cache_dir: str) -> None:
-        self.engine, self.cache_dir = engine, cache_dir
-        self._start()
-
-    def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(
-            target=_worker, args=(child, self.engine, self.cache_dir), daemon=True
-        )
-        self.proc.start()
-        if self.conn.recv() != "ready":
-            raise RuntimeError(f"{self.engine} worker failed to start")
-
-    def run(self, path: Path, timeout: float) -> dict:
-        self.conn.send(str(path))
-        try:
-            if self.conn.poll(timeout):
-                return self.conn.recv()
-            status = "timeout"
-        except EOFError:
-            status = "crash"
-        self.proc.kill()
-        self.proc.join()
-        self._start()
-        return {"file": path.name, "status": status}
-
-    def close(self) -> None:
-        try:
-            self.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-        self.proc.join(timeout=5)
-        if self.proc.is_alive():
-            self.proc.kill()
+def run_in(worker: Worker, path: Path, timeout: float) -> dict:
+    """One schema's result; one past ``timeout`` seconds or one that crashes the worker is
+    counted as such, and the worker replaced (a new one starts with the next schema)."""
+    worker.send(str(path).encode())
+    try:
+        return json.loads(worker.recv(time.monotonic() + timeout))
+    except DeadlineExceeded:
+        status = "timeout"
+    except WorkerFailed:
+        status = "crash"
+    worker.kill()
+    return {"file": path.name, "status": status}
 
 
 def run_lane(engines: list[str], files: list[Path], args, results: dict, progress: Counter) -> None:
     for engine in engines:
-        worker = Worker(engine, args.cache_dir)
+        worker = engine_worker(engine, args.cache_dir)
         out = results[engine] = []
         for path in files:
-            r = worker.run(path, args.timeout)
+            r = run_in(worker, path, args.timeout)
             r["subset"] = subset_of(path.name)
             out.append(r)
             progress[engine] += 1
-        worker.close()
+        worker.close(grace_s=5)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,18 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--sample", type=int, default=None, help="stratified sample of N schemas")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engines", default=",".join(ALL_ENGINES))
+    p.add_argument(
+        "--engines",
+        default=",".join(ALL_ENGINES),
+        help="corral-cold, corral-warm, or fuzz target names (corral, llguidance, xgrammar, "
+        "xgrammar-strict) (default: %(default)s)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per schema")
     p.add_argument("--jobs", type=int, default=2, help="engines run side by side (one core each)")
     p.add_argument("--cache-dir", default=None, help="Corral's cache (default: a new empty folder)")
     p.add_argument("--json", type=Path, default=None, help="write the report as JSON")
     args = p.parse_args(argv)
+    print(header(__file__), flush=True)
 
     files = stratified_sample(sorted(args.corpus.glob("*.json")), args.sample, args.seed)
     if not files:
         p.error(f"no MaskBench files in {args.corpus}")
     args.cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="corral-maskbench-")
     engines = [e for e in args.engines.split(",") if e]
+    if unknown := [e for e in engines if e not in CORRAL_CACHED and check_target_name(e)]:
+        p.error(f"unknown engine(s) {unknown}; see --help")
     lanes = _lanes(engines, args.jobs)
     print(
         f"MaskBench: {len(files)} schemas from {args.corpus}, engines {engines}, "
@@ -170,20 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     for t in threads:
         t.join()
 
+    configs = {e: engine_config(e) for e in engines}
     summary = {e: summarize(results[e]) for e in engines}
-    print_report(summary, len(files), time.time() - t0)
+    common = common_figures({e: results[e] for e in engines})
+    print_report(configs, summary, common, len(files), time.time() - t0)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "schemas": len(files),
-                    "summary": summary,
-                    "results": {e: [_slim(r) for r in results[e]] for e in engines},
-                },
-                indent=1,
-            )
-        )
+        report = {
+            "schemas": len(files),
+            "engines": configs,
+            "summary": summary,
+            "common": common,
+            "results": {e: [_slim(r) for r in results[e]] for e in engines},
+        }
+        args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 
@@ -200,7 +184,7 @@ def _lanes(engines: list[str], jobs: int) -> list[list[str]]:
 
 
 def _slim(r: dict) -> dict:
-    return {k: v for k, v in r.items() if k != "masks_us"}
+    return {k: v for k, v in r.items() if k not in ("masks_us", "instance_masks")}
 
 
 if __name__ == "__main__":

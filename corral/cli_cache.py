@@ -2,13 +2,23 @@
 
 ``corral.cli`` registers these with :func:`add_cache_commands`; ``python -m corral.cli_cache``
 runs them on their own. Each handler takes the parsed arguments and returns an exit code.
+
+Entries are keyed by tokenizer fingerprint (tokenizer, logits width and stop tokens), so ``warm``
+compiles for the tokenizer of the model ``corral serve`` serves: the embedded default, or
+``--model`` / ``$CORRAL_MODEL`` as for the server. ``--tokenizer llama3`` warms for the fuzzer's
+and benchmarks' reference tokenizer instead (it needs the fuzz extras).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.grammar import TokenizerInfo
 
 _TOP_REASONS = 10
 
@@ -30,7 +40,7 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
         "warm", parents=[common], help="compile JSON schemas into the cache ahead of traffic"
     )
     warm.add_argument("paths", nargs="+", help="schema files, or folders searched for *.json")
-    warm.add_argument("--tokenizer", default="llama3", help="registered tokenizer (default llama3)")
+    _add_tokenizer_choice(warm)
     warm.add_argument("--lenient", action="store_true", help="compile in lenient mode")
     warm.add_argument("--deadline", type=float, default=None, help="compile deadline, seconds")
     warm.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -46,11 +56,33 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
     clear.set_defaults(handler=cmd_clear)
 
 
+def _add_tokenizer_choice(warm: argparse.ArgumentParser) -> None:
+    """``--model`` (the server's, by default) or ``--tokenizer llama3``: one tokenizer per run."""
+    from corral.api.config import SETTINGS
+
+    model_env = next(s.env for s in SETTINGS if s.field == "model")
+    which = warm.add_mutually_exclusive_group()
+    which.add_argument(
+        "--model",
+        default=os.environ.get(model_env) or None,
+        metavar="PATH",
+        help="warm for this model's tokenizer: a Hugging Face folder or .gguf file, as for "
+        f"`corral serve --model` [env {model_env}] (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    which.add_argument(
+        "--tokenizer",
+        choices=("llama3",),
+        default=None,
+        help="warm for Llama-3's tokenizer (128,256 logits), the fuzzer's default; "
+        "needs the fuzz extras",
+    )
+
+
 def _config(args: argparse.Namespace, **overrides: object):
+    from corral.paths import constraints_root
     from corral.schema_cache import CacheConfig
 
-    if args.cache_dir is not None:
-        overrides["root"] = Path(args.cache_dir) / "constraints"
+    overrides["root"] = constraints_root(args.cache_dir)
     return CacheConfig(**{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -58,12 +90,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from corral.schema_cache import CompileService
-    from corral.schema_cache.warm import WarmReport, load_specs, load_tokenizer, schema_files, warm
+    from corral.schema_cache.warm import WarmReport, load_specs, schema_files, warm
 
     config = _config(args, compile_deadline_s=args.deadline)
     try:
         files = schema_files(args.paths)
-        tok = load_tokenizer(args.tokenizer)
+        tok, tokenizer_name = _warm_tokenizer(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"corral cache warm: {e}", file=sys.stderr)
         return 2
@@ -75,15 +107,56 @@ def cmd_warm(args: argparse.Namespace) -> int:
         )
         warm(service, bar, report)
         stats = service.stats()
-    _print_warm(report, len(files), args.tokenizer, config.root, stats)
+    _print_warm(
+        report, len(files), f"{tokenizer_name} ({tok.fingerprint[:16]})", config.root, stats
+    )
     return 1 if report.errors else 0
+
+
+def _warm_tokenizer(args: argparse.Namespace) -> tuple[TokenizerInfo, str]:
+    """The tokenizer to warm for, and what to call it in the report."""
+    if args.tokenizer == "llama3":
+        return _llama3_tokenizer(), "tokenizer llama3"
+    model = f"model {args.model}" if args.model else "the default model"
+    return _served_tokenizer(args.model, args.cache_dir), f"{model}'s tokenizer"
+
+
+def _llama3_tokenizer() -> TokenizerInfo:
+    """Llama-3's tokenizer from the fuzz extras, imported only when asked for."""
+    try:
+        from corral.fuzz.tokenizers import llama3_tokenizer
+
+        return llama3_tokenizer()
+    except ImportError as e:
+        raise ValueError(
+            f"--tokenizer llama3 needs the fuzz extras (pip install 'corral[fuzz]'): {e}"
+        ) from None
+
+
+def _served_tokenizer(model: str | None, cache_dir: Path | None = None) -> TokenizerInfo:
+    """The tokenizer ``corral serve --model MODEL`` constrains with (``api/server.py``), built
+    without loading the weights: same logits width and stop tokens, so the same fingerprint.
+
+    A ``.gguf`` model (the default one included) is converted into the model cache first, once,
+    as the server would.
+    """
+    from corral.engine.assets import load_tokenizer, resolve_model_folder
+    from corral.engine.model_config import ModelConfig
+    from corral.grammar import TokenizerInfo
+
+    folder = resolve_model_folder(model, cache_dir)
+    config = ModelConfig.from_folder(folder)
+    tok = load_tokenizer(folder, config)
+    return TokenizerInfo.from_hf(
+        tok.tokenizer, vocab_size=config.vocab_size, eos_token_ids=tok.eos_token_ids
+    )
 
 
 def _print_warm(report, n_files: int, tokenizer: str, root: Path, stats: dict) -> None:
     refused = sum(report.refused.values())
     errors = sum(report.errors.values())
     print(
-        f"{report.total} schemas from {n_files} files for tokenizer {tokenizer} in {root}: "
+        f"{report.total} schemas from {n_files} files for {tokenizer} in {root}: "
         f"{report.compiled} compiled, {report.cached} already cached, {refused} refused, "
         f"{errors} errors"
     )

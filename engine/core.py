@@ -9,7 +9,15 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forward imports us
+    import torch
+
+    from corral.engine.detokenize import Detokenizer
+    from corral.engine.jump_forward import Boundary, LookupIndex
+    from corral.engine.radix_cache import Node
+    from corral.grammar.matcher import Matcher
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -144,8 +152,9 @@ class Output:
 
 
 @dataclass
-class Completion:
-    """Everything one choice produced, accumulated from its `Output`s (for tests and benches)."""
+class CollectedChoice:
+    """Everything one choice produced, collected from its `Output`s (`Engine.generate`, for
+    tests and benches; not the API's `Completion` response)."""
 
     index: int
     text: str = ""
@@ -186,7 +195,7 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int
-    matcher: Any = None  # corral.grammar.Matcher when constrained
+    matcher: Matcher | None = None  # set when constrained
     leader: Sequence | None = None  # n > 1: siblings wait until the leader's prompt is cached
     output_ids: list[int] = field(default_factory=list, init=False)
     status: SeqStatus = field(default=SeqStatus.WAITING, init=False)
@@ -194,22 +203,22 @@ class Sequence:
     error: EngineFailure | None = field(default=None, init=False)  # with finish "error"
     # Set on the mask thread when this sequence's matcher broke: its sampled row is discarded.
     failure: EngineFailure | None = field(default=None, init=False)
-    kv: Any = field(default=None, init=False)  # int64 tensor of slots, owned by cache manager
-    node: Any = field(default=None, init=False)  # locked radix node
+    kv: torch.Tensor | None = field(default=None, init=False)  # int64 slots (cache manager)
+    node: Node | None = field(default=None, init=False)  # locked radix node
     prefix_len: int = field(default=0, init=False)
     num_computed: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=0, init=False)
     admitted_at: int = field(default=-1, init=False)  # admission counter: newest is preempted
     draft: list[int] = field(default_factory=list, init=False)  # jump-forward tokens to verify
-    draft_hint: Any = field(default=None, init=False)  # jump_forward.Boundary of the draft
+    draft_hint: Boundary | None = field(default=None, init=False)  # the draft's last token
     draft_looked_up: bool = field(default=False, init=False)  # a lookup draft, not forced text
     num_forced: int = field(default=0, init=False)  # output tokens appended without a pass
-    lookup: Any = field(default=None, init=False)  # jump_forward.LookupIndex, made on first use
+    lookup: LookupIndex | None = field(default=None, init=False)  # made on first use
     forward_passes: int = field(default=0, init=False)
-    detok: Any = field(default=None, init=False)  # detokenize.Detokenizer
+    detok: Detokenizer | None = field(default=None, init=False)  # the engine attaches one
     pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output
     pending_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
-    seen_prompt: Any = field(default=None, init=False)  # int64 ids in the prompt (penalty)
+    seen_prompt: torch.Tensor | None = field(default=None, init=False)  # prompt ids (penalty)
 
     @property
     def num_tokens(self) -> int:

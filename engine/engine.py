@@ -1,8 +1,12 @@
 """The synchronous engine: a step is schedule -> run -> postprocess.
 
-    plan = scheduler.schedule()                  # policy: who runs, how many tokens, slots
-    logits = runner.forward(batch)               # meanwhile: grammar masks on a worker thread
-    outputs = postprocess(plan, sample(logits))  # accept tokens, finish, detokenize, emit
+    plan = scheduler.schedule()                   # policy: who runs, how many tokens, slots
+    tokens = run(step_inputs(plan))               # forward (masks filled meanwhile), sample
+    outputs = postprocess(plan, tokens)           # accept, jump-forward, finish, emit
+
+Who owns what: validation `validate`, seeds `sampler.choice_seeds`, grammar masks
+`grammar_masks`, forced tokens and drafts `drafter.Drafter`, appending tokens and finish rules
+`postprocess`, KV slots `cache_manager`. The engine wires them together and keeps the books.
 
 Usable directly (tests, benches) or from `AsyncEngine`'s background thread. Not thread-safe:
 one thread calls `add_request`, `abort` and `step`.
@@ -19,37 +23,40 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import torch
 
 from corral.engine.cache_manager import CacheManager
 from corral.engine.config import EngineConfig
-from corral.engine.constraints import MaskFiller, MaskJob
 from corral.engine.core import (
-    Completion,
+    CollectedChoice,
     EngineFailure,
     Output,
     RequestError,
     SamplingParams,
     Sequence,
     SequenceFailed,
+    TokenLogprob,
 )
 from corral.engine.detokenize import Detokenizer
+from corral.engine.drafter import Drafter
 from corral.engine.faults import Faults
-from corral.engine.jump_forward import DraftHints, forced_token, lookup_draft, make_draft
+from corral.engine.grammar_masks import MaskFiller
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.postprocess import Postprocessor
-from corral.engine.sampling import RowSpec, sample_rows
+from corral.engine.sampler import choice_seeds, sample_rows
 from corral.engine.scheduler import Schedule, ScheduledSeq, Scheduler
 from corral.engine.stats import collect
+from corral.engine.step_inputs import StepRows, step_inputs
 from corral.engine.validate import validate_constraint, validate_prompt
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from corral.grammar import CompiledConstraint
 
-_SEED_MIX = 0x9E3779B97F4A7C15  # spreads the seeds of an n > 1 request's choices apart
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -73,13 +80,14 @@ class Engine:
         self.cache = CacheManager(self.pool, self.config.prefix_cache)
         self.scheduler = Scheduler(self.config, self.cache)
         self.masks = MaskFiller(self.vocab_size)
-        self.hints = DraftHints(self.tokenizer)
-        self._force_mask = torch.empty(1, self.masks.words, dtype=torch.int32)
         limit = self.config.max_model_len or model.max_position_embeddings
         self.max_model_len = min(limit, model.max_position_embeddings)
         self.eos = frozenset(model.eos_token_ids)
         self.post = Postprocessor(self.eos, self.max_model_len)
         self.counters: Counter[str] = Counter()
+        self.drafter = Drafter(
+            self.config, self.tokenizer, self.vocab_size, self.post, self.counters
+        )
         self._requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._batches = 0  # steps that ran a batch (what CORRAL_FAULTS counts)
@@ -90,10 +98,10 @@ class Engine:
         self,
         prompt_ids: list[int],
         params: SamplingParams | None = None,
-        constraint=None,
+        constraint: CompiledConstraint | None = None,
         request_id: str | None = None,
     ) -> str:
-        """Queue a request (a `CompiledConstraint` or None); returns its id.
+        """Queue a request; returns its id.
 
         Raises `RequestError` for a client mistake: empty prompt, unknown token ids, a prompt +
         max_tokens beyond the context length or the KV cache, a duplicate request id, a
@@ -108,22 +116,7 @@ class Engine:
         if constraint is not None:
             validate_constraint(constraint, self.vocab_size, self.tokenizer_fingerprint)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else random.getrandbits(62)
-        seqs: list[Sequence] = []
-        for i in range(params.n):
-            seq = Sequence(
-                request_id=rid,
-                index=i,
-                prompt_ids=prompt,
-                params=params,
-                seed=(seed ^ (i * _SEED_MIX)) & ((1 << 63) - 1),
-                matcher=constraint.matcher() if constraint is not None else None,
-                leader=seqs[0] if seqs else None,
-            )
-            seq.detok = Detokenizer(self.tokenizer, prompt, params.stop, params.skip_special_tokens)
-            if self.config.jump_forward and seq.matcher is not None:
-                seq.draft = self._first_draft(seq)  # verified in the prefill pass
-            seqs.append(seq)
+        seqs = self._choices(rid, prompt, params, constraint)
         for seq in seqs:
             self.scheduler.add(seq)
         self._requests[rid] = seqs
@@ -131,11 +124,30 @@ class Engine:
         self.counters["prompt_tokens"] += len(prompt)
         return rid
 
-    def _first_draft(self, seq: Sequence) -> list[int]:
-        try:
-            return self._make_draft(seq)
-        except SequenceFailed:
-            return []  # its matcher is broken: the first mask fill fails the sequence
+    def _choices(
+        self,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        constraint: CompiledConstraint | None,
+    ) -> list[Sequence]:
+        """One `Sequence` per choice, each with its own seed, matcher, detokenizer and first
+        draft; the first is the others' leader (they wait to share its prompt's KV)."""
+        seqs: list[Sequence] = []
+        for i, seed in enumerate(choice_seeds(params.seed, params.n)):
+            seq = Sequence(
+                request_id=rid,
+                index=i,
+                prompt_ids=prompt,
+                params=params,
+                seed=seed,
+                matcher=constraint.matcher() if constraint is not None else None,
+                leader=seqs[0] if seqs else None,
+            )
+            seq.detok = Detokenizer(self.tokenizer, prompt, params.stop, params.skip_special_tokens)
+            self.drafter.start(seq)  # verified in the prefill pass
+            seqs.append(seq)
+        return seqs
 
     def abort(self, request_id: str) -> list[Output]:
         """Stop a request wherever it is; frees all it holds. Unknown ids are ignored."""
@@ -186,50 +198,38 @@ class Engine:
         self._batches += 1
         if self.faults:
             self.faults.fire("step", self._batches)
-        batch, specs, jobs, mask_rows = self._prepare(plan)
-        fill = None
-        if jobs:
-            fault = self.faults.take("mask", self._batches) if self.faults else None
-            fill = self.masks.start(jobs, len(mask_rows), fault)
-        try:
-            logits = self.runner.forward(batch, self.pool)
-        finally:  # never leave the mask thread running on matchers past a failed forward
-            bitmask = fill.result() if fill is not None else None
-        tokens, logprobs = [], []
-        if specs:
-            rows = torch.tensor(mask_rows, dtype=torch.int64) if mask_rows else None
-            with torch.inference_mode():  # the logits are inference tensors
-                tokens, logprobs = sample_rows(logits, specs, bitmask, rows, self.eos)
+        batch, rows = step_inputs(plan)
+        tokens, logprobs = self._run(batch, rows)
         outputs = self._postprocess(plan, tokens, logprobs)
         self.counters["steps"] += 1
         self.counters["batched_tokens"] += batch.num_tokens
         self.counters["step_seconds"] += time.perf_counter() - started
         return outputs
 
-    def _prepare(self, plan: Schedule):
-        new_ids, kvs, logits_index = [], [], []
-        specs: list[RowSpec] = []
-        jobs: list[MaskJob] = []
-        mask_rows: list[int] = []
-        start = 0
-        for item in plan.items:
-            seq, draft = item.seq, item.seq.draft[: item.draft_len]
-            real = item.num_new - item.draft_len
-            new_ids.append(seq.tokens(seq.num_computed, seq.num_computed + real) + draft)
-            kvs.append(seq.kv)
-            if item.sample:
-                if seq.matcher is not None:
-                    jobs.append(MaskJob(seq, draft, len(mask_rows)))
-                for i in range(item.draft_len + 1):
-                    if seq.matcher is not None:
-                        mask_rows.append(len(logits_index))
-                    logits_index.append(start + real - 1 + i)
-                    specs.append(RowSpec(seq, len(seq.output_ids) + i, draft[:i]))
-            start += item.num_new
-        index = torch.tensor(logits_index, dtype=torch.int64)
-        return ForwardBatch.from_sequences(new_ids, kvs, index), specs, jobs, mask_rows
+    def _run(
+        self, batch: ForwardBatch, rows: StepRows
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The forward pass, with the grammar masks filled on the worker thread meanwhile, then
+        one sampled token (and its logprob where asked) per row."""
+        fill = None
+        if rows.jobs:
+            fault = self.faults.take("mask", self._batches) if self.faults else None
+            fill = self.masks.start(rows.jobs, len(rows.mask_rows), fault)
+        try:
+            logits = self.runner.forward(batch, self.pool)
+        finally:  # never leave the mask thread running on matchers past a failed forward
+            bitmask = fill.result() if fill is not None else None
+        if not rows.specs:
+            return [], []
+        mask_rows = torch.tensor(rows.mask_rows, dtype=torch.int64) if rows.mask_rows else None
+        with torch.inference_mode():  # the logits are inference tensors
+            return sample_rows(logits, rows.specs, bitmask, mask_rows, self.eos)
 
-    def _postprocess(self, plan: Schedule, tokens: list[int], logprobs: list) -> list[Output]:
+    def _postprocess(
+        self, plan: Schedule, tokens: list[int], logprobs: list[TokenLogprob | None]
+    ) -> list[Output]:
+        """Each scheduled sequence takes its rows' tokens under its own guard: a failure there
+        ends that sequence only (module docstring)."""
         outputs: list[Output] = []
         row = 0
         for k, item in enumerate(plan.items):
@@ -250,7 +250,9 @@ class Engine:
                 outputs.append(out)
         return outputs
 
-    def _postprocess_one(self, item: ScheduledSeq, tokens: list[int], logprobs: list):
+    def _postprocess_one(
+        self, item: ScheduledSeq, tokens: list[int], logprobs: list[TokenLogprob | None]
+    ) -> Output | None:
         seq = item.seq
         seq.forward_passes += 1
         self.counters["seq_forward_passes"] += 1
@@ -263,58 +265,27 @@ class Engine:
         if seq.finish_reason is None:
             if seq.prefix_len < len(seq.prompt_ids):
                 self.cache.cache_computed(seq)  # n > 1 siblings and equal prompts reuse it
-            if self.config.jump_forward and seq.matcher is not None:
-                self._jump_forward(seq)
+            self.drafter.jump_forward(seq)
         if seq.finish_reason is not None:
             self._finish(seq)
         return self.post.emit(seq)
 
     def _take_sampled(
-        self, seq: Sequence, item: ScheduledSeq, tokens: list[int], logprobs: list
+        self,
+        seq: Sequence,
+        item: ScheduledSeq,
+        tokens: list[int],
+        logprobs: list[TokenLogprob | None],
     ) -> None:
-        """Append a sampled row's tokens (verifying the draft), then fix up the KV bookkeeping:
-        everything fed has KV now, except a rejected draft tail (freed)."""
-        seq.draft = draft = seq.draft[: item.draft_len]
+        """Append a sampled row group's tokens (row i > 0 only while the draft was right), then
+        fix up the KV bookkeeping: everything fed has KV now, except a rejected draft tail
+        (freed)."""
+        seq.draft = seq.draft[: item.draft_len]
         appended = self.post.accept(seq, tokens, logprobs)
-        got = seq.output_ids[len(seq.output_ids) - appended :]
-        self.hints.observe(seq.draft_hint, draft, got)
-        accepted = max(0, appended - 1)  # the last appended token is sampled, not a draft
-        c = self.counters
-        c["output_tokens"] += appended
-        c["draft_tokens"] += len(draft)
-        c["draft_accepted"] += accepted
-        if seq.draft_looked_up:
-            c["lookup_draft_tokens"] += len(draft)
-            c["lookup_draft_accepted"] += accepted
-        c["jump_forward_tokens"] += accepted
-        seq.num_computed += item.num_new - len(draft) + accepted
-        seq.draft, seq.draft_hint, seq.draft_looked_up, seq.num_forced = [], None, False, 0
+        self.counters["output_tokens"] += appended
+        rejected = self.drafter.verify(seq, appended)
+        seq.num_computed += item.num_new - rejected
         self.cache.truncate(seq)
-
-    def _jump_forward(self, seq: Sequence) -> None:
-        """Append the tokens the grammar alone decides (their KV comes with the next extend),
-        then draft the forced text after them."""
-        while seq.finish_reason is None:
-            tok = forced_token(seq, self._force_mask)
-            if tok is None:
-                break
-            self.post.force(seq, tok)
-            seq.num_forced += 1
-            self.counters["output_tokens"] += 1
-            self.counters["forced_tokens"] += 1
-            self.counters["jump_forward_tokens"] += 1
-        if seq.finish_reason is None:
-            seq.draft = self._make_draft(seq)
-
-    def _make_draft(self, seq: Sequence) -> list[int]:
-        # The draft's last token is verified with one more sampled token after it, so leave
-        # room for that one within max_tokens.
-        limit = min(self.config.max_draft_tokens, seq.params.max_tokens - len(seq.output_ids) - 1)
-        draft = make_draft(seq, self.tokenizer, limit, self.hints)
-        if not draft and seq.output_ids:
-            draft = lookup_draft(seq, min(limit, self.config.lookup_draft_tokens))
-            seq.draft_looked_up = bool(draft)
-        return draft
 
     def _finish(self, seq: Sequence, keep: bool = True) -> None:
         self.cache.release(seq, keep=keep)
@@ -333,20 +304,23 @@ class Engine:
 
     # ---- conveniences for tests and benches ------------------------------------------------
 
-    def run_until_done(self) -> dict[str, list[Completion]]:
+    def run_until_done(self) -> dict[str, list[CollectedChoice]]:
         """Step until nothing is left; returns every request's choices, by request id."""
-        results: dict[str, list[Completion]] = {}
+        results: dict[str, list[CollectedChoice]] = {}
         while self.has_unfinished():
             for out in self.step():
                 choices = results.setdefault(out.request_id, [])
                 while len(choices) <= out.index:
-                    choices.append(Completion(index=len(choices)))
+                    choices.append(CollectedChoice(index=len(choices)))
                 choices[out.index].add(out)
         return results
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams | None = None, constraints=None
-    ) -> list[list[Completion]]:
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | None = None,
+        constraints: list[CompiledConstraint | None] | None = None,
+    ) -> list[list[CollectedChoice]]:
         """Submit all prompts together, run to completion, return the choices in order."""
         constraints = constraints or [None] * len(prompts)
         rids = [self.add_request(p, params, c) for p, c in zip(prompts, constraints, strict=True)]

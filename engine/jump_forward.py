@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from corral.engine.constraints import accept_checked, fill_checked
 from corral.engine.core import Sequence
+from corral.engine.grammar_masks import accept_checked, fill_checked
 
 _CONTEXT_TOKENS = (3, 1)  # output tokens tried as tokenization context, longest first
 _MAX_SCORE = 8  # |preference| cap, so a hint adapts when the model's habit changes
@@ -136,7 +136,7 @@ def make_draft(seq: Sequence, tokenizer, limit: int, hints: DraftHints | None = 
 
 def _accepted_prefix(seq: Sequence, draft: list[int]) -> int:
     """How many leading `draft` tokens `seq`'s matcher accepts; the matcher is left as it was.
-    A matcher in error is recovered once (`constraints.accept_checked`) or fails the sequence."""
+    A matcher in error is recovered once (`grammar_masks.accept_checked`) or fails the sequence."""
     m = seq.matcher
     if m is None or not draft:
         return len(draft)

@@ -11,13 +11,12 @@ could end here (`matcher.can_terminate()`), so a stop string inside a JSON strin
 truncates the JSON. EOS is only sampled where the grammar allows it (the mask).
 
 Failures: a sampled token the matcher refuses (after one recovery of a matcher in error, see
-`constraints.accept_checked`), or a row with no allowed token, raises `SequenceFailed`
+`grammar_masks.accept_checked`), or a row with no allowed token, raises `SequenceFailed`
 ("constraint_failed"); the engine then ends the sequence with finish reason "error" (`fail`).
 """
 
 from __future__ import annotations
 
-from corral.engine.constraints import accept_checked, constraint_failed
 from corral.engine.core import (
     EngineFailure,
     FinishReason,
@@ -26,6 +25,7 @@ from corral.engine.core import (
     Sequence,
     TokenLogprob,
 )
+from corral.engine.grammar_masks import accept_checked, constraint_failed
 
 
 class Postprocessor:

@@ -24,7 +24,13 @@ from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import Case, CaseResult, TargetOutcome
-from corral.fuzz.judge import Judge, Unjudgeable, dumps, parse_output, schema_keywords
+from corral.fuzz.judge import (
+    Judge,
+    Unjudgeable,
+    dumps,
+    judge_output,
+    schema_keywords,
+)
 from corral.fuzz.keyorder import schema_order
 from corral.fuzz.mutate import mutations
 from corral.fuzz.probe import Check, TokenView, check_tokens, random_walk
@@ -48,6 +54,19 @@ class CaseConfig:
     slow_mask_s: float = 0.05
 
 
+def open_case(case: Case) -> tuple[CaseResult, Judge | None]:
+    """A case's result, begun: its keywords and its judge, or no judge (the reason in the
+    result's note) when ``jsonschema`` cannot judge the schema. Every target kind starts here."""
+    result = CaseResult(case.id, case.source)
+    try:
+        judge = Judge(case.schema)
+    except Unjudgeable as e:
+        result.judged, result.note = False, str(e)[:300]
+        return result, None
+    result.keywords = tuple(sorted(schema_keywords(case.schema)))
+    return result, judge
+
+
 def run_case(
     case: Case,
     targets: list[Target],
@@ -56,13 +75,9 @@ def run_case(
     stage: Callable[[str], None] = lambda s: None,
     skip_draws: bool = False,
 ) -> CaseResult:
-    result = CaseResult(case.id, case.source)
-    try:
-        judge = Judge(case.schema)
-    except Unjudgeable as e:
-        result.judged, result.note = False, str(e)[:300]
+    result, judge = open_case(case)
+    if judge is None:
         return result
-    result.keywords = tuple(sorted(schema_keywords(case.schema)))
     rng = random.Random(case.seed)
     stage("draw")
     valid, invalid = _label(judge, [d for d, _ in case.tests])
@@ -140,11 +155,10 @@ def _walks(
             detail = f"no token allowed after {w.tokens} tokens, and EOS not allowed either"
             _add(out, case, K.DEAD_END, text, detail)
         elif w.outcome in ("eos", "terminated"):
-            value, problem = parse_output(w.text)
-            try:
-                problem = problem or judge.error(value)
-            except Unjudgeable:
+            judged = judge_output(judge, w.text)
+            if judged is None:
                 continue
+            value, problem = judged
             if problem:
                 out.walks["invalid"] = out.walks.get("invalid", 0) + 1
                 detail = f"a random walk produced an invalid instance: {problem}"

@@ -13,12 +13,14 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from corral.fuzz import case as K
 from corral.fuzz.case import Case, CaseResult, TargetOutcome
-from corral.fuzz.judge import Judge, Unjudgeable, parse_output, schema_keywords
+from corral.fuzz.casework import open_case
+from corral.fuzz.judge import Judge, judge_output, schema_keywords
 
 PROMPT_SCHEMA_CHARS = 2000  # the constraint does the work; a long prompt only slows the model
 
@@ -93,6 +95,19 @@ class HttpTarget:
                 f"is the server up? pass --model to skip this"
             ) from e
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """What the report prints for this target: the endpoint and how it is asked."""
+        c = self.cfg
+        return {
+            "endpoint": self.base,
+            "model": self.model,
+            "response_format": "json_schema, strict true",
+            "samples": c.samples,
+            "temperature": c.temperature,
+            "max_tokens": c.max_tokens,
+        }
+
     def submit(self, case: Case) -> Future:
         return asyncio.run_coroutine_threadsafe(self._run(case), self._loop)
 
@@ -103,13 +118,9 @@ class HttpTarget:
         self._thread.join(5)
 
     async def _run(self, case: Case) -> CaseResult:
-        result = CaseResult(case.id, case.source)
-        try:
-            judge = Judge(case.schema)
-        except Unjudgeable as e:
-            result.judged, result.note = False, str(e)[:300]
+        result, judge = open_case(case)
+        if judge is None:
             return result
-        result.keywords = tuple(sorted(schema_keywords(case.schema)))
         out = result.outcomes[self.name] = TargetOutcome(self.name)
         samples = await asyncio.gather(*(self._sample(case, i) for i in range(self.cfg.samples)))
         times = [s for kind, _, s in samples if kind == "ok"]
@@ -126,11 +137,8 @@ class HttpTarget:
         return result
 
     def _judge(self, case: Case, judge: Judge, content: str, out: TargetOutcome) -> None:
-        value, problem = parse_output(content.encode())
-        try:
-            problem = problem or judge.error(value)
-        except Unjudgeable:
-            return
+        judged = judge_output(judge, content.encode())
+        problem = judged[1] if judged is not None else ""
         if problem:
             out.walks["invalid"] = out.walks.get("invalid", 0) + 1
             detail = f"the server returned an invalid instance: {problem}"

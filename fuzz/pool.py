@@ -1,105 +1,88 @@
 """Worker processes that contain crashes and hangs of native engine code.
 
-Each worker fuzzes one case at a time. The supervisor waits at most ``stage_timeout`` seconds for
-the worker's next message; silence past that is a hang, a closed pipe is a crash. Either way the
-worker is killed and replaced, the stage it was in names the guilty target, and the case is run
-again without that target, so one bad engine does not hide what the others do.
+Each worker (a :class:`corral.supervisor.Worker` running :mod:`corral.fuzz.worker`) fuzzes one
+case at a time. The pool waits at most ``stage_timeout`` seconds for the worker's next message;
+silence past that is a hang, a closed pipe is a crash. Either way the worker is killed and
+replaced, the stage it was in names the guilty target, and the case is run again without that
+target, so one bad engine does not hide what the others do.
 """
 
 from __future__ import annotations
 
 import functools
-import multiprocessing as mp
+import pickle
 import queue
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import Case, CaseResult, TargetOutcome
 from corral.fuzz.judge import schema_keywords
-from corral.fuzz.worker import TokenizerSpec, WorkerSpec, worker_main
+from corral.fuzz.worker import TokenizerSpec, WorkerSpec
+from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed
 
 STARTUP_TIMEOUT_S = 600.0  # building a 128K tokenizer's tables takes seconds on a busy machine
 ABORTED = "aborted"  # the note of a case stopped because the run's time was up
+_ABORT_POLL_S = 1.0  # how often a wait for the worker looks at the abort event
 
 
-class WorkerStartError(RuntimeError):
-    """A worker process died or stalled before it was ready."""
+class _Aborted(Exception):
+    """The run's time is up: the case in flight is dropped."""
 
 
-class Worker:
-    """One supervised worker process, started lazily and restarted after a crash or hang."""
+class CaseWorker:
+    """One supervised worker process that runs a case and names the stage it crashed or hung
+    in; a new process starts on the next case after a crash or hang."""
 
     def __init__(self, spec: WorkerSpec, stage_timeout: float, abort: threading.Event) -> None:
-        self._spec = spec
+        self.worker = Worker(
+            "corral.fuzz.worker",
+            label="fuzz worker",
+            init=[pickle.dumps(spec)],
+            start_timeout_s=STARTUP_TIMEOUT_S,
+        )
         self._timeout = stage_timeout
+        self._shrink_s = spec.case.shrink_seconds
         self._abort = abort
-        self._proc: Any = None
-        self._conn: Any = None
-
-    def start(self) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=worker_main, args=(child, self._spec), daemon=True)
-        self._proc.start()
-        child.close()
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
-            self._kill()
-            raise WorkerStartError("a fuzz worker did not start within the time limit")
-        try:
-            self._conn.recv()
-        except EOFError as e:
-            code = self._proc.exitcode
-            self._kill()
-            raise WorkerStartError(f"a fuzz worker died while starting (exit code {code})") from e
 
     def run(self, case: Case, names: list[str], skip_draws: bool) -> tuple[str, Any, str]:
         """``("done", CaseResult, stage)``, ``("bug", traceback, stage)``, or ``("crash" |
-        "hang", detail, stage)`` where ``stage`` is the last stage the worker announced."""
-        if self._proc is None:
-            self.start()
-        self._conn.send((case, names, skip_draws))
+        "hang", detail, stage)`` where ``stage`` is the last stage the worker announced.
+        WorkerFailed when no worker could be started."""
+        self.worker.wait_ready()
         stage = "start"
-        while True:
-            limit = self._timeout + (self._spec.case.shrink_seconds if "shrink" in stage else 0)
-            deadline = time.monotonic() + limit
-            while not self._conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
-                if self._abort.is_set():
-                    self._kill()
-                    return ABORTED, "", stage
+        try:
+            self.worker.send(pickle.dumps((case, names, skip_draws)))
+            while True:
+                limit = self._timeout + (self._shrink_s if "shrink" in stage else 0)
+                kind, payload = self._next_message(limit)
+                if kind != "stage":
+                    return kind, payload, stage
+                stage = payload
+        except _Aborted:
+            outcome: tuple[str, Any] = ABORTED, ""
+        except DeadlineExceeded:
+            outcome = K.HANG, f"no progress for {limit:.0f} s"
+        except WorkerFailed as e:
+            outcome = K.CRASH, str(e)
+        self.worker.kill()
+        return *outcome, stage
+
+    def _next_message(self, limit: float) -> tuple[str, Any]:
+        """The worker's next message within ``limit`` seconds; the abort event is looked at
+        every second meanwhile."""
+        deadline = time.monotonic() + limit
+        while not self._abort.is_set():
+            try:
+                return pickle.loads(
+                    self.worker.recv(min(deadline, time.monotonic() + _ABORT_POLL_S))
+                )
+            except DeadlineExceeded:
                 if time.monotonic() >= deadline:
-                    self._kill()
-                    return K.HANG, f"no progress for {limit:.0f} s", stage
-            try:
-                kind, payload = self._conn.recv()
-            except (EOFError, OSError):
-                self._proc.join(5)
-                detail = f"the worker died (exit code {self._proc.exitcode})"
-                self._kill()
-                return K.CRASH, detail, stage
-            if kind != "stage":
-                return kind, payload, stage
-            stage = payload
-
-    def close(self) -> None:
-        if self._proc is not None:
-            try:
-                self._conn.send(None)
-                self._proc.join(5)
-            except OSError:
-                pass
-            self._kill()
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        if self._conn is not None:
-            self._conn.close()
-        self._proc = self._conn = None
+                    raise
+        raise _Aborted
 
 
 class WorkerPool:
@@ -108,11 +91,12 @@ class WorkerPool:
     def __init__(self, jobs: int, spec: WorkerSpec, stage_timeout: float) -> None:
         self._spec = spec
         self._abort = threading.Event()
-        self._workers = [Worker(spec, stage_timeout, self._abort) for _ in range(max(1, jobs))]
-        with ThreadPoolExecutor(len(self._workers)) as ex:  # start-ups overlap
-            list(ex.map(Worker.start, self._workers))
-        self._idle: queue.Queue[Worker] = queue.Queue()
+        self._workers = [CaseWorker(spec, stage_timeout, self._abort) for _ in range(max(1, jobs))]
+        for w in self._workers:  # start them all, then wait: the start-ups overlap
+            w.worker.start()
+        self._idle: queue.Queue[CaseWorker] = queue.Queue()
         for w in self._workers:
+            w.worker.wait_ready()
             self._idle.put(w)
 
     def run_case(self, case: Case) -> CaseResult:
@@ -122,7 +106,7 @@ class WorkerPool:
         finally:
             self._idle.put(w)
 
-    def _run_on(self, w: Worker, case: Case) -> CaseResult:
+    def _run_on(self, w: CaseWorker, case: Case) -> CaseResult:
         names, lost, skip_draws = list(self._spec.targets), {}, False
         while True:
             kind, payload, stage = w.run(case, names, skip_draws)
@@ -159,7 +143,7 @@ class WorkerPool:
 
     def close(self) -> None:
         for w in self._workers:
-            w.close()
+            w.worker.close(grace_s=5)
 
 
 @functools.lru_cache(maxsize=2)

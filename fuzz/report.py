@@ -10,6 +10,7 @@ from typing import Any
 from corral.fuzz import case as K
 from corral.fuzz.case import CaseResult, Failure
 from corral.fuzz.stats import LogHistogram, percentile
+from corral.fuzz.targets import format_config
 
 #: Columns of the per-keyword table, in order.
 KEYWORD_KINDS = (K.UNSOUND, K.INCOMPLETE, "refused")
@@ -112,6 +113,10 @@ class Report:
         row = self.keywords.setdefault(kw, {})
         return row.setdefault(target, {"schemas": 0, "refused": 0})
 
+    def engines(self) -> dict[str, dict[str, Any]]:
+        """How each target was configured (engine versions, strictness, JSON layout)."""
+        return self.meta.get("engines", {})
+
     def count(self, kinds: tuple[str, ...]) -> int:
         """How many findings of the given kinds (the CI gate)."""
         return sum(1 for f in self.failures if f.kind in kinds)
@@ -184,6 +189,8 @@ class Report:
             f"seed {m.get('seed')}, {m.get('elapsed_s', 0):.0f} s"
             + (f", {m['abandoned']} abandoned when time ran out" if m.get("abandoned") else ""),
             "",
+            *(f"{name}: {format_config(c)}" for name, c in self.engines().items()),
+            "",
             _table(self.target_rows()),
             "",
             "per keyword (cells: unsound/incomplete/refused/schemas; a failure counts for every "
@@ -206,7 +213,9 @@ class Report:
         parts = [
             f"# corral fuzz report\n\n{len(self.cases)} schemas, seed {self.meta.get('seed')}, "
             f"{self.meta.get('elapsed_s', 0):.0f} s, targets {', '.join(self.targets)}.\n",
-            "## Per target\n",
+            "## Engines\n",
+            *(f"- `{name}`: {format_config(c)}" for name, c in self.engines().items()),
+            "\n## Per target\n",
             _md(self.target_rows()),
             "\n## Per keyword\n\nCells: unsound / incomplete / refused / schemas with the "
             "keyword. A failure counts for every keyword left in its shrunk schema.\n",

@@ -23,6 +23,7 @@ from corral.fuzz.corpus import interleave, iter_corpus, iter_generated
 from corral.fuzz.http_target import HttpConfig, HttpTarget
 from corral.fuzz.pool import ABORTED, InlinePool, WorkerPool, make_pool
 from corral.fuzz.report import Report
+from corral.fuzz.targets import target_config
 from corral.fuzz.worker import TokenizerSpec, WorkerSpec
 
 
@@ -78,11 +79,13 @@ def _loop(
 ) -> Report:
     from tqdm import tqdm
 
+    urls = {h.name: h for h in remote}
     report = Report(
         list(cfg.targets),
         {
             "seed": cfg.seed,
             "targets": list(cfg.targets),
+            "engines": {t: urls[t].config if t in urls else target_config(t) for t in cfg.targets},
             "corpus": list(cfg.corpus),
             "out_dir": cfg.out_dir,
         },

@@ -1,9 +1,14 @@
-"""In-process fuzz targets: engines that compile a JSON schema into a token-level matcher.
+"""In-process engine targets: every engine Corral is measured against, each configured once.
 
-A target is anything with a ``name``, ``compile(schema) -> handle`` (raising :class:`Refused` when
-the engine declines the schema) and ``matcher(handle) -> Matcher``. Every in-process target here
-lays JSON out like ``json.dumps`` (``", "`` and ``": "``, no other whitespace), so one instance
-text is checked against all of them.
+The fuzzer (``corral fuzz``) and the benchmarks (``bench/maskbench.py``, ``bench/mask_ceiling.py``)
+build their engines here, so a name stands for one configuration everywhere, and every report
+prints :func:`target_config` beside its figures: an engine measured one way in one report and
+another way in the next is a comparison that misleads without anyone meaning it to.
+
+A target is anything with a ``name``, a ``config`` (see :data:`CONFIGS`), ``compile(schema) ->
+handle`` (raising :class:`Refused` when the engine declines the schema) and ``matcher(handle) ->
+Matcher``. Every target lays JSON out like ``json.dumps`` (``", "`` and ``": "``, no other
+whitespace), so one instance text is checked against all of them.
 
 Schema copies: ``compile`` never changes the schema it is given. Corral and xgrammar serialise it
 (Corral through ``ConstraintSpec``, whose compile parses the text afresh), llguidance gets
@@ -14,8 +19,9 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+import corral
 from corral.fuzz.judge import iter_nodes
 from corral.grammar import (
     ConstraintError,
@@ -28,8 +34,29 @@ from corral.grammar import (
 from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 
+if TYPE_CHECKING:
+    from corral.schema_cache import CompileService
+
 FORMAT = JsonFormat.python_default()
-BUILTIN = ("corral", "llguidance", "xgrammar", "xgrammar-strict")
+_LAYOUT = {
+    "separators": [FORMAT.item_separator, FORMAT.key_separator],
+    "any_whitespace": FORMAT.flexible,
+}
+#: How each engine is configured. The targets below take their settings from here, and every
+#: report prints these (see :func:`format_config`).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "corral": {
+        "engine": f"corral {corral.__version__}",
+        "backend": f"llguidance {llg.VERSION}",
+        "strict": True,
+        "compile": "compile_constraint, no cache",
+        **_LAYOUT,
+    },
+    "llguidance": {"engine": f"llguidance {llg.VERSION}", **_LAYOUT},
+    "xgrammar": {"engine": f"xgrammar {xgr.VERSION}", "strict_mode": False, **_LAYOUT},
+    "xgrammar-strict": {"engine": f"xgrammar {xgr.VERSION}", "strict_mode": True, **_LAYOUT},
+}
+BUILTIN = tuple(CONFIGS)
 _WEAKENED = "-minus-"
 
 
@@ -39,23 +66,41 @@ class Refused(Exception):
 
 class Target(Protocol):
     name: str
+    config: dict[str, Any]
 
     def compile(self, schema: Any) -> Any: ...
 
     def matcher(self, handle: Any) -> Matcher: ...
 
 
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
+
+
 class CorralTarget:
-    """Corral's own constraint compiler: analysis, then llguidance (strict: fail closed)."""
+    """Corral's own constraint compiler: analysis, then llguidance (strict: fail closed).
+
+    ``service``: compile through that compile service (memory LRU, disk cache, compile workers,
+    as ``corral serve`` does) instead of calling the compiler directly.
+    """
 
     name = "corral"
 
-    def __init__(self, tok: TokenizerInfo) -> None:
+    def __init__(self, tok: TokenizerInfo, service: CompileService | None = None) -> None:
         self._tok = tok
+        self._service = service
+        self.config = dict(CONFIGS["corral"])
+        if service is not None:
+            self.config["compile"] = "CompileService: memory LRU, disk cache, compile workers"
 
     def compile(self, schema: Any) -> Any:
         try:
-            spec = ConstraintSpec.json_schema(schema, strict=True, json_format=FORMAT)
+            spec = ConstraintSpec.json_schema(
+                schema, strict=self.config["strict"], json_format=FORMAT
+            )
+            if self._service is not None:
+                return self._service.get_or_compile(spec)
             return compile_constraint(spec, self._tok)
         except ConstraintError as e:
             raise Refused(str(e)) from e
@@ -72,39 +117,51 @@ class LLGuidanceTarget:
     def __init__(self, tok: TokenizerInfo) -> None:
         self._tok = tok
         self._eos = frozenset(tok.eos_token_ids)
+        self.config = dict(CONFIGS["llguidance"])
 
     def compile(self, schema: Any) -> Any:
         try:
             return llg.new_prototype(llg.grammar_from_schema(schema, FORMAT), self._tok, "schema")
         except (ConstraintError, ValueError, RuntimeError) as e:
-            raise Refused(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) from e
+            raise Refused(_first_line(e)) from e
 
     def matcher(self, handle: Any) -> Matcher:
         return llg.LLGuidanceMatcher(handle, self._eos)
 
 
 class XGrammarTarget:
-    """Raw xgrammar. ``strict`` False follows JSON Schema (extra properties/items allowed
-    unless the schema says otherwise); True is xgrammar's strict mode, which forbids them."""
+    """Raw xgrammar, ``name`` ``xgrammar`` or ``xgrammar-strict``. ``strict_mode`` False follows
+    JSON Schema (extra properties/items allowed unless the schema says otherwise); True is
+    xgrammar's strict mode (its default), which forbids them."""
 
-    def __init__(self, tok: TokenizerInfo, strict: bool = False) -> None:
-        self.name = "xgrammar-strict" if strict else "xgrammar"
-        self._strict = strict
+    def __init__(self, tok: TokenizerInfo, name: str) -> None:
+        self.name = name
+        self.config = dict(CONFIGS[name])
         self._tok = tok
 
     def compile(self, schema: Any) -> Any:
         try:
-            return xgr.compiler_for(self._tok).compile_json_schema(
-                json.dumps(schema),
-                any_whitespace=False,
-                separators=(FORMAT.item_separator, FORMAT.key_separator),
-                strict_mode=self._strict,
+            return compile_xgrammar_schema(
+                schema, FORMAT, self._tok, strict=self.config["strict_mode"]
             )
         except (RuntimeError, ValueError, TypeError) as e:
-            raise Refused(str(e).strip().splitlines()[0] if str(e).strip() else repr(e)) from e
+            raise Refused(_first_line(e)) from e
 
     def matcher(self, handle: Any) -> Matcher:
         return xgr.XGrammarMatcher(handle)
+
+
+def compile_xgrammar_schema(
+    schema: dict[str, Any] | bool, fmt: JsonFormat, tok: TokenizerInfo, *, strict: bool
+) -> Any:
+    """``schema`` compiled by raw xgrammar, laid out as ``fmt``; ``strict`` is its strict_mode."""
+    return xgr.compiler_for(tok).compile_json_schema(
+        json.dumps(schema),
+        any_whitespace=fmt.flexible,
+        separators=(fmt.item_separator, fmt.key_separator),
+        strict_mode=strict,
+        max_whitespace_cnt=fmt.max_whitespace if fmt.flexible else None,
+    )
 
 
 class WeakenedTarget:
@@ -113,6 +170,7 @@ class WeakenedTarget:
 
     def __init__(self, inner: Target, keyword: str) -> None:
         self.name = f"{inner.name}{_WEAKENED}{keyword}"
+        self.config = {**inner.config, "keyword removed": keyword}
         self._inner = inner
         self._keyword = keyword
 
@@ -141,7 +199,7 @@ def make_target(name: str, tok: TokenizerInfo) -> Target:
     if name == "llguidance":
         return LLGuidanceTarget(tok)
     if name in ("xgrammar", "xgrammar-strict"):
-        return XGrammarTarget(tok, strict=name == "xgrammar-strict")
+        return XGrammarTarget(tok, name)
     raise ValueError(check_target_name(name))
 
 
@@ -155,3 +213,18 @@ def check_target_name(name: str) -> str:
         f"OpenAI-compatible server, or <target>{_WEAKENED}<keyword> (a deliberately unsound "
         f"engine, e.g. llguidance-minus-maximum)"
     )
+
+
+def target_config(name: str) -> dict[str, Any]:
+    """The ``config`` of the target ``make_target(name, tok)`` would build, without building it
+    (a parent process reports the configuration of the engines its workers run)."""
+    base, _, keyword = name.partition(_WEAKENED)
+    config = dict(CONFIGS[base])
+    if keyword:
+        config["keyword removed"] = keyword
+    return config
+
+
+def format_config(config: dict[str, Any]) -> str:
+    """One line: ``key value, ...``, as every report prints an engine's configuration."""
+    return ", ".join(f"{k} {v if isinstance(v, str) else json.dumps(v)}" for k, v in config.items())

@@ -218,18 +218,14 @@ class LLGuidanceMatcher(Matcher):
             return True
         return False
 
-    def rollback(self, n: int) -> None:
-        if n > len(self._tokens):
-            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
-        if n:
-            del self._tokens[-n:]
-        if n and self._m.is_error():
+    def _undo(self, n: int) -> None:
+        if self._m.is_error():
             # A refused token (say, the next of a speculative draft) hit a limit after these n:
             # rebuilt where the rollback leads, the cursor is healthy again.
             if not self._rebuild(self._tokens):
                 raise ValueError(f"cannot roll back {n} tokens: {self.error()}")
             return
-        if n and self._ended:
+        if self._ended:
             self._ended = False
             if self._eos_unrecorded:
                 self._eos_unrecorded = False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import threading
 from typing import Any
 
@@ -11,7 +10,6 @@ import torch
 import xgrammar
 
 from corral.grammar.matcher import Matcher
-from corral.grammar.spec import JsonFormat
 from corral.grammar.tokenizer import TokenizerInfo
 
 NAME = "xgrammar"
@@ -29,16 +27,6 @@ def compiler_for(tok: TokenizerInfo) -> Any:
             c = xgrammar.GrammarCompiler(tok.xgrammar, max_threads=1, cache_enabled=False)
             _compilers[tok.fingerprint] = c
         return c
-
-
-def compile_schema(schema: dict[str, Any] | bool, fmt: JsonFormat, tok: TokenizerInfo) -> Any:
-    return compiler_for(tok).compile_json_schema(
-        json.dumps(schema),
-        any_whitespace=fmt.flexible,
-        separators=(fmt.item_separator, fmt.key_separator),
-        strict_mode=True,
-        max_whitespace_cnt=fmt.max_whitespace if fmt.flexible else None,
-    )
 
 
 def compile_ebnf(grammar: str, tok: TokenizerInfo) -> Any:
@@ -76,12 +64,8 @@ class XGrammarMatcher(Matcher):
             return True
         return False
 
-    def rollback(self, n: int) -> None:
-        if n > len(self._tokens):
-            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
-        if n:
-            self._m.rollback(n)
-            del self._tokens[-n:]
+    def _undo(self, n: int) -> None:
+        self._m.rollback(n)
 
     def forced_continuation(self) -> bytes:
         if self._m.is_terminated():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -21,11 +21,51 @@ from corral.grammar.version import ANALYSIS_VERSION
 #: Bumped whenever the byte layout or the meaning of a stored payload changes.
 FORMAT_VERSION = 2
 _MAGIC = b"CORRALCC"
-_BACKEND_VERSIONS = {llg.NAME: llg.VERSION, xgr.NAME: xgr.VERSION}
 # Measured (glibc mallinfo2, Llama-3 tokenizer, grammars of 0.3-130 KB): an llguidance prototype
 # holds about 56 KiB plus 60-90 bytes per byte of grammar text, before its lexer grows with use.
 _LLG_BASE_BYTES = 64 * 1024
 _LLG_BYTES_PER_GRAMMAR_BYTE = 90
+
+
+@dataclass(frozen=True)
+class _Backend:
+    """What a compiled constraint does differently per backend, in one place: the version its
+    entries are stamped with, rebuilding the native form from a payload (``load``), a fresh
+    matcher over that form, and the native form's estimated memory."""
+
+    version: str
+    load: Callable[[bytes, TokenizerInfo, Mapping[str, int]], Any]
+    matcher: Callable[[Any, frozenset[int]], Matcher]
+    native_bytes: Callable[[bytes, Any], int]
+
+
+def _llg_load(payload: bytes, tok: TokenizerInfo, limits: Mapping[str, int]) -> Any:
+    return llg.new_prototype(payload.decode(), tok, keyword="", raised=limits)
+
+
+def _llg_native_bytes(payload: bytes, native: Any) -> int:
+    return _LLG_BASE_BYTES + _LLG_BYTES_PER_GRAMMAR_BYTE * len(payload)
+
+
+def _xgr_load(payload: bytes, tok: TokenizerInfo, limits: Mapping[str, int]) -> Any:
+    return xgr.deserialize(payload, tok)  # llguidance's limits do not apply to xgrammar
+
+
+def _xgr_matcher(native: Any, eos_token_ids: frozenset[int]) -> Matcher:
+    return xgr.XGrammarMatcher(native)  # the stop tokens are compiled into xgrammar's grammar
+
+
+def _xgr_native_bytes(payload: bytes, native: Any) -> int:
+    return int(getattr(native, "memory_size_bytes", 0) or 0)
+
+
+#: Every backend a CompiledConstraint may name, by the name stored in its entries.
+_BACKENDS: Mapping[str, _Backend] = MappingProxyType(
+    {
+        llg.NAME: _Backend(llg.VERSION, _llg_load, llg.LLGuidanceMatcher, _llg_native_bytes),
+        xgr.NAME: _Backend(xgr.VERSION, _xgr_load, _xgr_matcher, _xgr_native_bytes),
+    }
+)
 
 
 class CorruptEntry(ValueError):
@@ -57,24 +97,24 @@ class CompiledConstraint:
     #: The grammar code that compiled it (``version.ANALYSIS_VERSION``).
     analysis_version: str = ANALYSIS_VERSION
 
+    def __post_init__(self) -> None:
+        if self.backend not in _BACKENDS:
+            known = ", ".join(sorted(_BACKENDS))
+            raise ValueError(f"unknown grammar backend {self.backend!r}; known: {known}")
+
     @property
     def size_bytes(self) -> int:
         """Estimated memory it holds: the payload plus the backend's native compiled form."""
-        if self.backend == llg.NAME:
-            native = _LLG_BASE_BYTES + _LLG_BYTES_PER_GRAMMAR_BYTE * len(self.payload)
-        else:
-            native = int(getattr(self.native, "memory_size_bytes", 0) or 0)
+        native = _BACKENDS[self.backend].native_bytes(self.payload, self.native)
         return len(self.payload) + native
 
     def matcher(self) -> Matcher:
         """A fresh per-request cursor; cheap (a copy of a prototype, or a new xgrammar matcher)."""
-        if self.backend == llg.NAME:
-            return llg.LLGuidanceMatcher(self.native, self.eos_token_ids)
-        return xgr.XGrammarMatcher(self.native)
+        return _BACKENDS[self.backend].matcher(self.native, self.eos_token_ids)
 
     @property
     def backend_version(self) -> str:
-        return _BACKEND_VERSIONS[self.backend]
+        return _BACKENDS[self.backend].version
 
     def to_bytes(self) -> bytes:
         """Self-describing bytes: magic, header length, JSON header, payload. Never pickle.
@@ -105,12 +145,11 @@ class CompiledConstraint:
             raise CorruptEntry("header or payload does not match its seal")
         if header.get("format") != FORMAT_VERSION:
             raise CorruptEntry(f"format {header.get('format')!r} is not {FORMAT_VERSION}")
-        backend = header.get("backend")
-        if (
-            backend not in _BACKEND_VERSIONS
-            or header.get("backend_version") != _BACKEND_VERSIONS[backend]
-        ):
-            raise CorruptEntry(f"backend {backend!r} {header.get('backend_version')!r} is not ours")
+        backend = _BACKENDS.get(header.get("backend"))
+        if backend is None or header.get("backend_version") != backend.version:
+            raise CorruptEntry(
+                f"backend {header.get('backend')!r} {header.get('backend_version')!r} is not ours"
+            )
         if header.get("analysis") != ANALYSIS_VERSION:
             raise StaleEntry("compiled by another version of Corral's grammar code")
         if header.get("tokenizer") != tok.fingerprint:
@@ -119,14 +158,11 @@ class CompiledConstraint:
             raise CorruptEntry("compiled for another constraint")
         try:
             limits = check_raised(header["limits"])
-            if backend == llg.NAME:
-                native = llg.new_prototype(payload.decode(), tok, keyword="", raised=limits)
-            else:
-                native = xgr.deserialize(payload, tok)
+            native = backend.load(payload, tok, limits)
         except Exception as e:  # a payload that passed the checksum but does not load
             raise CorruptEntry(f"payload does not load: {e}") from e
         return cls(
-            backend=backend,
+            backend=header["backend"],
             payload=payload,
             spec_digest=header["spec_digest"],
             tokenizer_fingerprint=tok.fingerprint,

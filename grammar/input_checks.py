@@ -60,9 +60,9 @@ def nesting_error(what: str, depth: int | None = None) -> ConstraintError:
 
 def check_text(text: str, what: str, pointer: str = "") -> None:
     """Refuse a constraint text (regex, grammar, choice) that holds a lone surrogate."""
-    if is_valid_text(text):
+    at = lone_surrogate_at(text)
+    if at is None:
         return
-    at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
     raise ConstraintError(
         f"the {what} has a lone surrogate (U+{ord(text[at]):04X}) at character {at}, which is "
         "not valid Unicode text; remove it or write a whole character",
@@ -81,6 +81,13 @@ def is_valid_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text``; None when it is valid Unicode."""
+    if is_valid_text(text):
+        return None
+    return next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
 
 
 def lone_surrogate_path(data: Any) -> tuple[tuple[str | int, ...], bool] | None:

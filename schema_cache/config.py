@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: Environment variable that moves the cache (the folder that holds ``constraints/``).
-CACHE_DIR_ENV = "CORRAL_CACHE_DIR"
+from corral.paths import constraints_root
 
 #: How compiles are isolated: ``thread`` (in process, fast), ``process`` (killable worker
 #: processes, always bounded) or ``auto`` (in process unless the constraint looks risky).
 ISOLATION_MODES = ("auto", "thread", "process")
 
 
-def default_root() -> Path:
-    """``$CORRAL_CACHE_DIR/constraints``, else ``~/.cache/corral/constraints``."""
-    base = os.environ.get(CACHE_DIR_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "corral"
-    )
-    return Path(base) / "constraints"
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     """Bounds and policies of the compiled-constraint cache and the compile service.
 
+    ``root`` defaults to ``constraints/`` in Corral's cache folder (``corral.paths``).
     ``max_disk_bytes`` bounds every file under ``root`` (all tokenizers together); an entry
     larger than the whole budget is kept in memory only. ``max_memory_bytes`` bounds the
     in-process LRU by the estimated size of its entries (payload plus the backend's native
@@ -43,7 +34,7 @@ class CacheConfig:
     mask), and at the latest ``write_max_delay_s`` after the compile; ``flush()`` writes at once.
     """
 
-    root: Path = field(default_factory=default_root)  # None also means the default
+    root: Path = field(default_factory=constraints_root)
     max_disk_bytes: int = 512 * 1024 * 1024
     max_memory_entries: int = 4096
     max_memory_bytes: int = 256 * 1024 * 1024
@@ -59,8 +50,7 @@ class CacheConfig:
     write_max_delay_s: float = 2.0
 
     def __post_init__(self) -> None:
-        root = default_root() if self.root is None else Path(self.root).expanduser()
-        object.__setattr__(self, "root", root)
+        object.__setattr__(self, "root", Path(self.root).expanduser())
         if self.max_disk_bytes < 0:
             raise ValueError("max_disk_bytes must be >= 0 (0 disables the disk store)")
         if self.max_memory_entries < 0:

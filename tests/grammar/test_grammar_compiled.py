@@ -3,6 +3,7 @@ truncated, garbled or built for another tokenizer is a CorruptEntry, never anoth
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -78,6 +79,12 @@ def test_backends_are_the_expected_ones(compiled):
     assert compiled["ebnf-xgrammar"].backend == "xgrammar"
     assert {c.backend for n, c in compiled.items() if n != "ebnf-xgrammar"} == {"llguidance"}
     assert compiled["json-lenient"].unenforced, "lenient mode must report uniqueItems"
+
+
+def test_a_constraint_for_an_unknown_backend_cannot_be_built(compiled):
+    """The backend name picks the loader and the matcher; an unknown one never falls through."""
+    with pytest.raises(ValueError, match="outlines"):
+        dataclasses.replace(compiled["json"], backend="outlines")
 
 
 @pytest.mark.parametrize("name", ["json", "ebnf-xgrammar"])

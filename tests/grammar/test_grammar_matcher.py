@@ -22,6 +22,7 @@ from grammar_walkers import (
     pick_token,
 )
 
+from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintSpec, JsonFormat, TokenizerInfo, compile_constraint
 from corral.grammar import backend_xgrammar as xgr
 
@@ -59,7 +60,7 @@ CASES = {
 def _factory(kind: str, tok: TokenizerInfo):
     """A zero-argument function returning fresh matchers, plus the backend name."""
     if kind == "xgr-json":
-        compiled = xgr.compile_schema(SCHEMA, JsonFormat(), tok)
+        compiled = compile_xgrammar_schema(SCHEMA, JsonFormat(), tok, strict=True)
         return (lambda: xgr.XGrammarMatcher(compiled)), xgr.NAME
     spec = {
         "json": lambda: ConstraintSpec.json_schema(SCHEMA),

@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.llg_limits import LIMITS_ENV, effective_limits
@@ -131,7 +132,9 @@ def test_recover_replays_exactly_what_rollback_left(llama3_tokenizer, backend):
         m = compile_constraint(ConstraintSpec.json_schema(schema), tok).matcher()
     else:
         m = xgr.XGrammarMatcher(
-            xgr.compile_schema(schema, ConstraintSpec.json_object().json_format, tok)
+            compile_xgrammar_schema(
+                schema, ConstraintSpec.json_object().json_format, tok, strict=True
+            )
         )
     text = json.dumps({"a": 12, "b": "xy"}, separators=(",", ":"))
     ids = tok.encode(text)

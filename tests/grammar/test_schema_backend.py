@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar.errors import ConstraintError
 from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.tokenizer import llama3_tokenizer_path
 
 llguidance = pytest.importorskip("llguidance")
 from test_schema_analysis import POOL, REWRITES, judge  # noqa: E402

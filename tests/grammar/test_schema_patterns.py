@@ -11,11 +11,11 @@ import time
 
 import pytest
 
+from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar.errors import ConstraintError
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.schema_patterns import exact_shorthands, translate_pattern
 from corral.grammar.schema_size import MAX_ALTERNATIVES
-from corral.grammar.tokenizer import llama3_tokenizer_path
 
 llguidance = pytest.importorskip("llguidance")
 from test_schema_analysis import POOL, assert_equivalent, judge  # noqa: E402

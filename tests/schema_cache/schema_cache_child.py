@@ -17,7 +17,8 @@ from pathlib import Path
 
 from schema_cache_helpers import regex_specs
 
-from corral.grammar import ConstraintSpec, TokenizerInfo
+from corral.fuzz.tokenizers import llama3_tokenizer
+from corral.grammar import ConstraintSpec
 from corral.schema_cache import CacheConfig, CompileService
 
 N_SPECS = 12
@@ -47,7 +48,7 @@ def accepts(service: CompileService, spec: ConstraintSpec, text: str) -> bool:
 def main() -> None:
     root = Path(sys.argv[1])
     sync = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-    tok = TokenizerInfo.llama3()
+    tok = llama3_tokenizer()
     _ = tok.llguidance
     if sync is not None:
         (sync / f"ready-{os.getpid()}").touch()

