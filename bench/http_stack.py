@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--light", type=int, default=3000, help="GET /v1/models requests")
     ap.add_argument("--chats", type=int, default=64, help="streamed chat completions")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per stack")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds; the first stack alternates")
     ap.add_argument("--child", nargs=3, metavar=("LOOP", "HTTP", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -131,9 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(header(__file__))
     results: dict[str, list[dict[str, float]]] = {s: [] for s in STACKS}
-    for _ in range(args.rounds):
-        for stack in STACKS:
-            results[stack].append(measure(stack, args))
+    for i in range(args.rounds):  # ABBA: each stack goes first in half of the rounds
+        order = list(STACKS) if i % 2 == 0 else list(reversed(STACKS))
+        for stack in order:
+            r = measure(stack, args)
+            results[stack].append(r)
+            print(f"round {i + 1} {stack}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     med = {s: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for s, runs in results.items()}  # fmt: skip
     plain, std = med["asyncio+h11"], med["uvloop+httptools"]
     print(f"{'figure (median of ' + str(args.rounds) + ' rounds)':<40} {'asyncio+h11':>12} "
