@@ -14,6 +14,7 @@ import json
 import jsonschema
 import pytest
 from engine_helpers import chat, make_engine
+from limit_schemas import MID_GENERATION, MID_GENERATION_LIMITS
 
 from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
 from corral.engine.core import EngineFailure
@@ -27,24 +28,6 @@ CITY = {
     "required": ["city", "pop"],
     "additionalProperties": False,
 }
-# With llguidance's row limit lowered to 40 this compiles: the compile-time probe walks only the
-# first few positions, and "name" (at least 12 characters) keeps it inside the string. The row
-# after the key "inner" holds about 4 items per optional property (~240): the matcher enters its
-# error state mid-request, and rebuilding it and replaying the tokens trips the same limit.
-NESTED = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 12, "maxLength": 20},
-        "inner": {
-            "type": "object",
-            "properties": {f"p{i}": {"type": "integer"} for i in range(60)},
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "inner"],
-    "additionalProperties": False,
-}
-ROW_LIMIT = '{"max_items_in_row": 40}'
 
 
 def settled(eng: Engine) -> None:
@@ -67,8 +50,8 @@ def test_matcher_in_error_mid_request_fails_only_that_request(
     smollm2, tokinfo, monkeypatch, jump_forward
 ):
     city = compile_constraint(ConstraintSpec.json_schema(CITY), tokinfo)
-    monkeypatch.setenv("CORRAL_LLG_LIMITS", ROW_LIMIT)
-    nested = compile_constraint(ConstraintSpec.json_schema(NESTED), tokinfo)
+    monkeypatch.setenv("CORRAL_LLG_LIMITS", MID_GENERATION_LIMITS)
+    nested = compile_constraint(ConstraintSpec.json_schema(MID_GENERATION), tokinfo)
     prompts = [chat(smollm2, q) for q in ("A city as JSON.", "A person as JSON.", "A town.")]
     eng = make_engine(smollm2, jump_forward=jump_forward)
     params = SamplingParams(max_tokens=40, temperature=0)

@@ -14,29 +14,13 @@ import random
 
 import pytest
 import torch
+from limit_schemas import MID_GENERATION, MID_GENERATION_LIMITS
 
 from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.llg_limits import LIMITS_ENV, effective_limits
 
-# Passes the probe under a row limit of 40 (the probe's few steps stay inside "name", which needs
-# 10 characters), then fails once a generation reaches the row after the key "inner" (about 240
-# items: one per optional property and position). The pair documented for the engine and API.
-MID_GENERATION = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 10, "maxLength": 20},
-        "inner": {
-            "type": "object",
-            "properties": {f"p{i}": {"type": "integer"} for i in range(60)},
-            "additionalProperties": False,
-        },
-    },
-    "required": ["name", "inner"],
-    "additionalProperties": False,
-}
-MID_GENERATION_LIMITS = '{"max_items_in_row": 40}'
 VALID = '{"name":"Ada Lovelace","inner":{"p3":1,"p7":2}}'
 
 

@@ -17,6 +17,15 @@ HERE = Path(__file__).resolve().parent
 CHILD = HERE / "schema_cache_child.py"
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this id exists (a reaped worker's does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def regex_specs(n: int, tag: str = "r") -> list[ConstraintSpec]:
     """n distinct, quick-to-compile regex constraints."""
     return [ConstraintSpec.regex(rf"{tag}{i}-[a-z]{{2,8}}\d+") for i in range(n)]

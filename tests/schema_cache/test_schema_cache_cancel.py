@@ -8,17 +8,9 @@ import os
 import time
 
 import pytest
-from schema_cache_helpers import accepts, in_background, slow_ebnf, wait_until
+from schema_cache_helpers import accepts, alive, in_background, slow_ebnf, wait_until
 
 from corral.grammar import ConstraintError, ConstraintSpec
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def cpu_seconds(pid: int) -> float:

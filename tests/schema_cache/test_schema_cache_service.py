@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 
 import pytest
-from schema_cache_helpers import nested_one_of, regex_specs
+from schema_cache_helpers import alive, nested_one_of, regex_specs
 
 from corral.grammar import CompileUnavailable, ConstraintError, ConstraintSpec
 from corral.schema_cache.routing import combinator_fanout, needs_process
@@ -17,14 +16,6 @@ from corral.schema_cache.routing import combinator_fanout, needs_process
 def lark_alternatives(n: int) -> ConstraintSpec:
     """A grammar of n literal alternatives; llguidance's build time grows faster than n."""
     return ConstraintSpec.lark("start: " + " | ".join(f'"w{i}"' for i in range(n)))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_concurrent_requests_for_one_new_constraint_compile_it_once(make_service):
