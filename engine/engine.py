@@ -155,9 +155,8 @@ class Engine:
         for seq in self._requests.pop(request_id, []):
             if seq.finished:
                 continue
-            self.cache.release(seq, keep=False)
-            self.scheduler.finish(seq)
             self.post.finish(seq, "abort")
+            self._finish(seq, keep=False)
             outputs.append(self.post.emit(seq))
             self.counters["aborted"] += 1
         return outputs

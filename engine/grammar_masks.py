@@ -21,9 +21,10 @@ sequence instead of taking its token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -31,6 +32,8 @@ from corral.engine.core import EngineFailure, Sequence, SequenceFailed
 
 if TYPE_CHECKING:
     from corral.grammar.matcher import Matcher
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -75,32 +78,30 @@ def _unrecoverable(error: str) -> SequenceFailed:
 def fill_checked(matcher: Matcher, bitmask: torch.Tensor, row: int) -> None:
     """Fill `bitmask[row]` (all ones when everything is allowed), recovering a matcher in error
     once; raises `SequenceFailed` when it stays in error."""
-    _fill_row(matcher, bitmask, row)
-    error = matcher.error()
-    if error is None:
-        return
-    if matcher.recover():
-        _fill_row(matcher, bitmask, row)
-        error = matcher.error()
-        if error is None:
-            return
-    raise _unrecoverable(error)
+    _recovering(matcher, lambda: _fill_row(matcher, bitmask, row))
 
 
 def accept_checked(matcher: Matcher, token: int) -> bool:
     """`matcher.accept(token)`, recovering a matcher in error once. False: the grammar refused
     the token (a state, no error); raises `SequenceFailed` when the matcher stays in error."""
-    if matcher.accept(token):
+    if matcher.accept(token):  # the common case asks for no error state
         return True
+    return _recovering(matcher, lambda: matcher.accept(token), done=True)
+
+
+def _recovering(matcher: Matcher, op: Callable[[], T], done: bool = False) -> T | bool:
+    """Run `op` (unless `done`: it just ran and returned False), then check the matcher's error
+    state; in error, `recover()` once and run `op` again. The `Matcher.error`/`recover`
+    contract in one place for every matcher operation the step makes."""
+    result = False if done else op()
     error = matcher.error()
     if error is None:
-        return False
+        return result
     if matcher.recover():
-        if matcher.accept(token):
-            return True
+        result = op()
         error = matcher.error()
         if error is None:
-            return False
+            return result
     raise _unrecoverable(error)
 
 
