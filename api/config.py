@@ -78,6 +78,9 @@ class ServerConfig:
     model: str | None = None
     model_name: str | None = None
     memory_bytes: int = _GIB
+    device: str = "cpu"
+    dtype: str = "auto"
+    gpu_memory_fraction: float = 0.9
     max_concurrent: int = 16
     queue_limit: int = 64
     cache_dir: str | None = None
@@ -107,6 +110,11 @@ class ServerConfig:
             raise ValueError(f"queue limit must be >= 0, got {self.queue_limit}")
         if self.memory_bytes < 1 << 20:
             raise ValueError(f"memory budget must be at least 1MB, got {self.memory_bytes} bytes")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"GPU memory fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        _ = self.torch_dtype  # an unknown device or dtype is refused here, before anything loads
         for name in (
             "max_body_bytes",
             "max_schema_bytes",
@@ -124,10 +132,28 @@ class ServerConfig:
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
 
+    @property
+    def torch_device(self):
+        """`device` checked against this machine (`engine.device.parse_device`)."""
+        from corral.engine.device import parse_device
+
+        return parse_device(self.device)
+
+    @property
+    def torch_dtype(self):
+        """`dtype` resolved for the device (`auto`: bfloat16 on CUDA, float32 on the CPU)."""
+        from corral.engine.device import parse_dtype
+
+        return parse_dtype(self.dtype, self.torch_device)
+
     def engine_config(self) -> EngineConfig:
         """The engine this server runs: `build_state` builds it from here, and so does
         `bench/engine.py`, so the bench measures the engine `corral serve` runs."""
-        return EngineConfig(kv_cache_bytes=self.memory_bytes, max_num_seqs=self.max_concurrent)
+        return EngineConfig(
+            kv_cache_bytes=self.memory_bytes,
+            gpu_memory_fraction=self.gpu_memory_fraction,
+            max_num_seqs=self.max_concurrent,
+        )
 
     @classmethod
     def from_sources(
@@ -157,8 +183,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("port", "--port", "CORRAL_PORT", int, "TCP port (default 8000)"),
     Setting("api_key", "--api-key", "CORRAL_API_KEY", str,
             "require `Authorization: Bearer <key>` on /v1/* (default: no key)"),
+    Setting("device", "--device", "CORRAL_DEVICE", str,
+            "cpu (default), cuda or cuda:N: where the model runs"),
+    Setting("dtype", "--dtype", "CORRAL_DTYPE", str,
+            "auto (default: bfloat16 on CUDA, float32 on the CPU), float32, bfloat16 or float16"),
     Setting("memory_bytes", "--memory", "CORRAL_MEMORY_GB", parse_bytes,
-            "KV-cache memory budget: GiB (e.g. 2) or bytes with a unit (512MB); default 1"),
+            "KV-cache memory budget on the CPU: GiB (e.g. 2) or bytes with a unit (512MB); "
+            "default 1"),
+    Setting("gpu_memory_fraction", "--gpu-memory-fraction", "CORRAL_GPU_MEMORY_FRACTION", float,
+            "on CUDA: share of the device's memory for weights, activations and the KV cache, "
+            "which gets what the other two leave (default 0.9)"),
     Setting("max_concurrent", "--max-concurrent", "CORRAL_MAX_CONCURRENT", int,
             "requests decoded together (default 16)"),
     Setting("queue_limit", "--queue-limit", "CORRAL_QUEUE_LIMIT", int,

@@ -20,7 +20,9 @@ def build_state(config: ServerConfig) -> ServerState:
     from corral.paths import constraints_root
     from corral.schema_cache import CacheConfig, CompileService
 
-    model = load_model(config.model, cache_dir=config.cache_dir)
+    model = load_model(
+        config.model, config.torch_dtype, config.torch_device, cache_dir=config.cache_dir
+    )
     tok = TokenizerInfo.from_hf(
         model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
     )
@@ -59,7 +61,8 @@ def startup_line(state: ServerState) -> str:
     c = state.config
     auth = "API key required" if c.api_key else "no API key"
     return (
-        f"Corral serving {state.model_name} (context {state.context_length} tokens) "
+        f"Corral serving {state.model_name} (context {state.context_length} tokens, "
+        f"{c.torch_device} {str(c.torch_dtype).removeprefix('torch.')}) "
         f"at http://{c.host}:{c.port}/v1 ({auth}; metrics at /metrics)"
     )
 

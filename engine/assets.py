@@ -72,22 +72,28 @@ def default_gguf_path() -> Path:
     return path
 
 
-def ensure_converted(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """The Hugging Face folder converted from `gguf_path`, converting it on first use.
+def ensure_converted(
+    gguf_path: str | Path,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """The Hugging Face folder converted from `gguf_path` in `dtype`, converting it on first use.
 
     Conversion writes into a temporary sibling folder and renames it into place, so a crash
-    leaves no half-written model, and concurrent processes at worst convert twice.
+    leaves no half-written model, and concurrent processes at worst convert twice. Each dtype
+    has its own folder (a bfloat16 server never dequantizes to float32 first).
     """
     gguf_path = Path(gguf_path).resolve()
     size = gguf_path.stat().st_size
-    target = cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{size}"
+    suffix = "" if dtype == torch.float32 else "-" + str(dtype).removeprefix("torch.")
+    target = cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{size}{suffix}"
     if (target / _DONE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary readable folder
     try:
-        convert_gguf_to_hf(gguf_path, tmp)
+        convert_gguf_to_hf(gguf_path, tmp, dtype)
         marker = {"source": str(gguf_path), "size": size, "version": _CONVERSION_VERSION}
         (tmp / _DONE_MARKER).write_text(json.dumps(marker) + "\n")
         if target.exists() and not (target / _DONE_MARKER).is_file():
@@ -103,13 +109,18 @@ def ensure_converted(gguf_path: str | Path, cache_dir: str | Path | None = None)
     return target
 
 
-def resolve_model_folder(path: str | Path | None, cache_dir: str | Path | None = None) -> Path:
-    """A Hugging Face folder for `path`: None -> the embedded default, `*.gguf` -> converted."""
+def resolve_model_folder(
+    path: str | Path | None,
+    cache_dir: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """A Hugging Face folder for `path`: None -> the embedded default, `*.gguf` -> converted
+    (to `dtype`)."""
     if path is None:
-        return ensure_converted(default_gguf_path(), cache_dir)
+        return ensure_converted(default_gguf_path(), cache_dir, dtype)
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
-        return ensure_converted(p, cache_dir)
+        return ensure_converted(p, cache_dir, dtype)
     if p.is_dir():
         return p
     raise FileNotFoundError(
@@ -124,8 +135,12 @@ def load_model(
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
 ) -> LoadedModel:
-    """Load a model for serving; `path=None` loads the embedded SmolLM2-135M-Instruct."""
-    folder = resolve_model_folder(path, cache_dir)
+    """Load a model for serving; `path=None` loads the embedded SmolLM2-135M-Instruct.
+
+    The weights are built in `dtype` on `device` directly (`weights.load_weights_from_folder`).
+    """
+    device = torch.device(device)
+    folder = resolve_model_folder(path, cache_dir, dtype)
     config = ModelConfig.from_folder(folder)
     model = load_weights_from_folder(folder, config, dtype, device)
     tok = load_tokenizer(folder, config)

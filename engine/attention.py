@@ -90,6 +90,19 @@ class AttentionBackend(Protocol):
     ) -> torch.Tensor: ...
 
 
+def checked_kv_lens(seq_kv_indices: list[torch.Tensor], extend_lens: list[int]) -> list[int]:
+    """Each sequence's KV length, after checking `1 <= extend_len <= kv_len` for every one (the
+    invariant every backend's kernels rely on)."""
+    kv_lens = [int(ix.numel()) for ix in seq_kv_indices]
+    for q_len, kv_len in zip(extend_lens, kv_lens, strict=True):
+        if not 0 < q_len <= kv_len:
+            raise ValueError(
+                f"each sequence needs 1 <= extend_len <= len(seq_kv_indices); got "
+                f"extend_len={q_len}, kv_len={kv_len}"
+            )
+    return kv_lens
+
+
 class TorchAttention:
     """Portable backend: gathers each sequence's K/V from the pool and calls torch SDPA.
 
@@ -114,13 +127,7 @@ class TorchAttention:
     ) -> AttentionMetadata:
         """Sort the sequences into the decode group and extend spans; `dtype` is the model's
         activation dtype, in which the decode group's additive mask is built."""
-        kv_lens = [int(ix.numel()) for ix in seq_kv_indices]
-        for q_len, kv_len in zip(extend_lens, kv_lens, strict=True):
-            if not 0 < q_len <= kv_len:
-                raise ValueError(
-                    f"each sequence needs 1 <= extend_len <= len(seq_kv_indices); got "
-                    f"extend_len={q_len}, kv_len={kv_len}"
-                )
+        kv_lens = checked_kv_lens(seq_kv_indices, extend_lens)
         spans, decode_rows, decode_kv, start = [], [], [], 0
         for kv, q_len, kv_len in zip(seq_kv_indices, extend_lens, kv_lens, strict=True):
             if q_len == 1:

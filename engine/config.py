@@ -12,8 +12,11 @@ from corral.engine.faults import parse_faults
 class EngineConfig:
     """Scheduling, memory and sampling-loop settings of one `Engine`.
 
-    - `kv_cache_bytes`: memory for the KV pool (K and V of every layer); fixes how many tokens
-      can be held at once across running requests and the prefix cache.
+    - `kv_cache_bytes`: memory for the KV pool (K and V of every layer) on the CPU; fixes how
+      many tokens can be held at once across running requests and the prefix cache.
+    - `gpu_memory_fraction`: on CUDA, the share of the device's memory the engine may fill
+      (weights, activations, then the KV pool gets the rest; `engine.device`); None sizes the
+      pool from `kv_cache_bytes` on CUDA too.
     - `max_num_seqs`: most sequences decoding in one step.
     - `max_batched_tokens`: the token budget of one step (decodes + prefill chunks + drafts);
       a long prompt is prefilled in chunks of what is left, so decodes never stall behind it.
@@ -33,6 +36,7 @@ class EngineConfig:
     """
 
     kv_cache_bytes: int = 1 << 30
+    gpu_memory_fraction: float | None = 0.9
     max_num_seqs: int = 64
     max_batched_tokens: int = 512
     max_model_len: int | None = None
@@ -56,6 +60,11 @@ class EngineConfig:
         for name, value, low in checks:
             if value < low:
                 raise ValueError(f"EngineConfig.{name} must be >= {low}, got {value}")
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"EngineConfig.gpu_memory_fraction must be in (0, 1], got "
+                f"{self.gpu_memory_fraction}"
+            )
         if self.max_num_seqs > self.max_batched_tokens:
             raise ValueError(
                 f"EngineConfig.max_num_seqs ({self.max_num_seqs}) must not exceed "

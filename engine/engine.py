@@ -45,6 +45,7 @@ from corral.engine.detokenize import Detokenizer
 from corral.engine.drafter import Drafter
 from corral.engine.faults import Faults
 from corral.engine.grammar_masks import MaskFiller
+from corral.engine.kv_pool import KVPool
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.postprocess import Postprocessor
 from corral.engine.sampler import choice_seeds, sample_rows
@@ -76,12 +77,12 @@ class Engine:
         self.runner = model.runner
         self.tokenizer = model.tokenizer
         self.vocab_size = self.runner.config.vocab_size
-        self.pool = self.runner.kv_pool_from_budget(self.config.kv_cache_bytes)
-        self.cache = CacheManager(self.pool, self.config.prefix_cache)
-        self.scheduler = Scheduler(self.config, self.cache)
-        self.masks = MaskFiller(self.vocab_size)
         limit = self.config.max_model_len or model.max_position_embeddings
         self.max_model_len = min(limit, model.max_position_embeddings)
+        self.pool = self.runner.kv_pool_from_budget(self._kv_budget())
+        self.cache = CacheManager(self.pool, self.config.prefix_cache)
+        self.scheduler = Scheduler(self.config, self.cache)
+        self.masks = MaskFiller(self.vocab_size, self.runner.device)
         self.eos = frozenset(model.eos_token_ids)
         self.post = Postprocessor(self.eos, self.max_model_len)
         self.counters: Counter[str] = Counter()
@@ -91,6 +92,38 @@ class Engine:
         self._requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._batches = 0  # steps that ran a batch (what CORRAL_FAULTS counts)
+
+    def _kv_budget(self) -> int:
+        """Bytes for the KV pool: `kv_cache_bytes` on the CPU; on CUDA what is left of
+        `gpu_memory_fraction` after the weights and one full-size forward (`engine.device`)."""
+        fraction, device = self.config.gpu_memory_fraction, self.runner.device
+        if device.type != "cuda" or fraction is None:
+            return self.config.kv_cache_bytes
+        from corral.engine.device import cuda_kv_budget
+
+        c = self.runner.config
+        tokens = min(self.config.max_batched_tokens, self.max_model_len)
+        probe = self.runner.make_kv_pool(tokens + 1)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        ids = [[0] * tokens]
+        self.runner.forward(ForwardBatch.from_sequences(ids, [torch.arange(1, tokens + 1)]), probe)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+        del probe
+        torch.cuda.empty_cache()
+        slot = KVPool.slot_bytes(c.num_layers, c.num_kv_heads, c.head_dim, self.runner.dtype)
+        budget = cuda_kv_budget(device, fraction, peak, slot)
+        log.info(
+            "KV pool on %s: %.2f GiB (%d tokens); one forward of %d tokens peaks at %.2f GiB",
+            device,
+            budget / (1 << 30),
+            budget // slot,
+            tokens,
+            peak / (1 << 30),
+        )
+        return budget
 
     # ---- requests --------------------------------------------------------------------------
 

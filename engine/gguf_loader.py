@@ -1,9 +1,10 @@
 """Turn a llama.cpp GGUF file into a Hugging Face folder, once.
 
 The engine has one loader, for Hugging Face folders. A GGUF file (the embedded default model is
-one) is dequantized to float32 and written out as `config.json`, `generation_config.json`,
+one) is dequantized, one tensor at a time, straight to the served dtype (float32 on the CPU by
+default, bfloat16 on CUDA) and written out as `config.json`, `generation_config.json`,
 `model.safetensors` and the tokenizer files (with the chat template), after which it loads like any
-other checkpoint. Weights are read with the `gguf` package; transformers only builds the tokenizer.
+other checkpoint. Memory holds one dequantized tensor at a time, never the model. Weights are read with the `gguf` package; transformers only builds the tokenizer.
 
 llama.cpp stores Llama's Q and K projection rows interleaved for its rotary kernel (pairs
 `(i, i + d/2)` of each head become neighbours); `unpermute_qk` restores Hugging Face's half-split
@@ -13,6 +14,8 @@ layout. Qwen2 GGUFs are not permuted.
 from __future__ import annotations
 
 import json
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,6 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
 from corral.engine.model_config import UnsupportedModelError
 
@@ -118,25 +120,58 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf_tensors(reader: GGUFReader, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor dequantized to float32, under its Hugging Face name and layout."""
-    permuted = config["model_type"] == "llama"
+def dequantized(t: Any, name: str, config: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """One GGUF tensor dequantized, in Hugging Face layout, cast to `dtype`."""
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest axis first
+    arr = dequantize(t.data, t.tensor_type).reshape(shape)
+    proj = name.split(".")[-2]
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
-    out: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest axis first
-        arr = dequantize(t.data, t.tensor_type).reshape(shape)
-        proj = name.split(".")[-2]
-        if permuted and proj in heads:
-            arr = unpermute_qk(arr, heads[proj])
-        # Copy: F32 tensors are views of the read-only memory map.
-        out[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C"))
-    return out
+    if config["model_type"] == "llama" and proj in heads:
+        arr = unpermute_qk(arr, heads[proj])
+    # Copy: F32 tensors are views of the read-only memory map.
+    return torch.from_numpy(np.array(arr, dtype=np.float32, order="C")).to(dtype)
 
 
-def convert_gguf_to_hf(gguf_path: str | Path, out_dir: str | Path) -> None:
-    """Write a complete Hugging Face folder for `gguf_path` into `out_dir` (created if needed).
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_safetensors_streaming(
+    path: Path,
+    entries: list[tuple[str, tuple[int, ...]]],
+    produce: Callable[[str], torch.Tensor],
+    dtype: torch.dtype,
+) -> None:
+    """A safetensors file of `entries` (name, shape), each tensor made by `produce(name)` only when
+    its turn comes: memory holds one tensor at a time, not the model. The header comes first
+    (offsets follow from the shapes), as the format requires."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in entries:
+        size = elem * int(np.prod(shape, dtype=np.int64))
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name, shape in entries:
+            t = produce(name)
+            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+                raise ValueError(f"{name}: made {tuple(t.shape)} {t.dtype}, declared {shape}")
+            f.write(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def convert_gguf_to_hf(
+    gguf_path: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32
+) -> None:
+    """Write a complete Hugging Face folder for `gguf_path` into `out_dir` (created if needed),
+    its weights dequantized tensor by tensor straight to `dtype` (float32, bfloat16, float16).
 
     Not atomic by itself; `assets.ensure_converted` writes into a temporary folder and renames.
     """
@@ -144,9 +179,15 @@ def convert_gguf_to_hf(gguf_path: str | Path, out_dir: str | Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     reader = GGUFReader(gguf_path)
     config = hf_config_from_gguf(reader)
-    tensors = read_gguf_tensors(reader, config)
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    tensors = {hf_name(t.name): t for t in reader.tensors}  # in file order
+    entries = [(name, tuple(int(d) for d in reversed(t.shape))) for name, t in tensors.items()]
+    write_safetensors_streaming(
+        out_dir / "model.safetensors",
+        entries,
+        lambda name: dequantized(tensors[name], name, config, dtype),
+        dtype,
+    )
     _write_tokenizer(reader, gguf_path, out_dir, config)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}

@@ -46,10 +46,19 @@ class MaskJob:
 
 
 class MaskFiller:
-    """Fills grammar masks on one worker thread, overlapped with the forward pass."""
+    """Fills grammar masks on one worker thread, overlapped with the forward pass.
 
-    def __init__(self, vocab_size: int) -> None:
+    For a CUDA model the masks are filled into pinned host memory, so the sampler's copy to the
+    device is one asynchronous transfer. Two buffers alternate: a step's copy has finished by the
+    time the step after next fills the same buffer (every step ends by reading its sampled
+    tokens back, which waits for the copy).
+    """
+
+    def __init__(self, vocab_size: int, device: torch.device | None = None) -> None:
         self.words = (vocab_size + 31) // 32
+        self._pinned = device is not None and device.type == "cuda"
+        self._buffers: list[torch.Tensor] = []
+        self._turn = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
 
     def start(
@@ -57,8 +66,20 @@ class MaskFiller:
     ) -> Future[torch.Tensor]:
         """Begin filling an `int32[num_rows, W]` bitmask; the future yields it. `fault` (tests,
         `engine.faults`) is raised inside the first job's fill."""
-        bitmask = torch.empty(num_rows, self.words, dtype=torch.int32)
-        return self._pool.submit(_fill, jobs, bitmask, fault)
+        return self._pool.submit(_fill, jobs, self._buffer(num_rows), fault)
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        if not self._pinned:
+            return torch.empty(rows, self.words, dtype=torch.int32)
+        if len(self._buffers) < 2:
+            self._buffers.append(torch.empty(0, self.words, dtype=torch.int32))
+        self._turn = (self._turn + 1) % len(self._buffers)
+        buf = self._buffers[self._turn]
+        if buf.shape[0] < rows:  # grows to the largest step seen, in powers of two
+            size = 1 << max(rows - 1, 1).bit_length()
+            buf = torch.empty(size, self.words, dtype=torch.int32, pin_memory=True)
+            self._buffers[self._turn] = buf
+        return buf[:rows]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -3,6 +3,10 @@
 One frozen dataclass describes every model the engine runs: Llama 2/3, SmolLM2, Mistral and Qwen2
 are the same pre-norm decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP) and
 differ only in the fields below.
+
+Mistral's sliding window is honoured by capping the context at the window: a sequence that never
+exceeds `sliding_window` tokens attends exactly as it would with the window, so `max_model_len`
+(and `/v1/models`' context length) is the window for such checkpoints (Mistral 7B v0.1: 4,096).
 """
 
 from __future__ import annotations
@@ -103,6 +107,13 @@ class ModelConfig:
             )
         if model_type == "qwen2" and cfg.get("use_sliding_window", False):
             raise UnsupportedModelError("Qwen2 with use_sliding_window=true is not supported")
+        context = int(cfg.get("max_position_embeddings", 2048))
+        window = cfg.get("sliding_window") if model_type == "mistral" else None
+        if isinstance(window, int) and 0 < window < context:
+            # Mistral 7B v0.1 attends over the last `sliding_window` tokens only. Up to that many
+            # tokens in all, windowed attention is full attention, so serving that context is
+            # exact; beyond it the engine would be wrong, so it never goes there.
+            context = window
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
@@ -116,7 +127,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            max_position_embeddings=context,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope=_rope_from_hf(cfg),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

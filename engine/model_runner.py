@@ -4,13 +4,15 @@ The scheduler describes a step as a `ForwardBatch` (which new tokens, at which p
 which KV slots, attending over which slots) and gets back logits for the rows it asked for. The
 runner makes no policy decisions: it does not allocate slots, choose sequences or sample.
 
-A GPU path (Triton paged attention, CUDA graphs captured per decode batch size) plugs in behind
-`ModelRunner.forward` by swapping the `AttentionBackend` and wrapping `_run`; `ForwardBatch` stays.
+On CUDA the attention backend is Triton paged attention (`attention_triton`), on the CPU torch SDPA
+(`attention`); CUDA graphs (captured per decode batch size) would wrap `_run`; `ForwardBatch`
+stays.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +22,8 @@ from corral.engine.attention import AttentionBackend, TorchAttention
 from corral.engine.kv_pool import KVPool
 from corral.engine.model import DecoderModel
 from corral.engine.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +85,19 @@ class ForwardBatch:
         return int(self.input_ids.numel())
 
 
+def default_attention(c: ModelConfig, device: torch.device) -> AttentionBackend:
+    """Triton paged attention on CUDA, torch SDPA over gathered K/V on the CPU (and on CUDA for
+    a head size the kernels do not take: not a power of two >= 16, e.g. 80; logged)."""
+    if device.type == "cuda":
+        from corral.engine.attention_triton import TritonAttention
+
+        try:
+            return TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+        except ValueError as e:
+            log.warning("attention falls back to torch SDPA over gathered K/V: %s", e)
+    return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+
+
 class ModelRunner:
     """Owns the model and its attention backend; turns a `ForwardBatch` into logits."""
 
@@ -97,11 +114,9 @@ class ModelRunner:
             model.pack_weights()
         self.config: ModelConfig = model.config
         c = self.config
-        self.attention = attention or TorchAttention(
-            c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale
-        )
         self.dtype = model.embed.dtype
         self.device = model.embed.device
+        self.attention = attention or default_attention(c, self.device)
 
     def make_kv_pool(self, num_slots: int) -> KVPool:
         """A pool shaped for this model (layers, KV heads, head dim, dtype, device)."""

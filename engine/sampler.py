@@ -15,6 +15,10 @@ so each is reproducible on its own yet they differ.
 Logprobs are those of the masked distribution at temperature 1, after penalties (what
 `mask_kernels.sample` reports for the sampled token); `top_logprobs` come from the same one and
 omit masked alternatives (-inf), so they may be fewer than asked; every value is finite.
+
+Devices. Every tensor is made on the logits' device, from host lists copied asynchronously; on
+CUDA the grammar mask is fused into `mask_kernels.sample` when nothing reads the masked logits
+first, and the step's results come back in one device-to-host transfer (`read_back`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from corral.engine.core import Sequence, TokenLogprob
-from corral.mask_kernels import SamplingTensors, apply_bitmask_, sample
+from corral.mask_kernels import SampleResult, SamplingTensors, apply_bitmask_, sample
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads the seeds of an n > 1 request's choices apart
 
@@ -55,24 +59,89 @@ def sample_rows(
     eos: frozenset[int] = frozenset(),
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """Sample one token per row of `logits` (modified in place); logprobs where asked.
-    `eos`: the model's EOS ids (banned with the stop tokens until `min_tokens`)."""
+
+    `bitmask`/`mask_rows` may live on the host (pinned for a CUDA model): they are copied to the
+    logits' device here. `eos`: the model's EOS ids (banned with the stop tokens until
+    `min_tokens`). The work runs on the logits' device (`sample_on_device`); the results come
+    back to the host in one transfer at the end (`read_back`; on CUDA the step's only sync).
+    """
+    return read_back(sample_on_device(logits, specs, bitmask, mask_rows, eos), specs)
+
+
+@dataclass
+class DeviceSample:
+    """A step's draws, still on the logits' device."""
+
+    result: SampleResult
+    top: _Top | None
+
+
+def sample_on_device(
+    logits: torch.Tensor,
+    specs: list[RowSpec],
+    bitmask: torch.Tensor | None = None,
+    mask_rows: torch.Tensor | None = None,
+    eos: frozenset[int] = frozenset(),
+) -> DeviceSample:
+    """Penalties, mask, min_tokens ban, top alternatives and the draw, without a host sync."""
+    dev = logits.device
     _apply_penalties(logits, specs)
     if bitmask is not None and bitmask.shape[0]:
+        bitmask = bitmask.to(dev, non_blocking=True)
+        mask_rows = None if mask_rows is None else mask_rows.to(dev, non_blocking=True)
+    else:
+        bitmask = mask_rows = None
+    bans = _early_stop_bans(specs, eos, logits.shape[1])
+    want_top = any(s.seq.params.top_logprobs for s in specs if s.seq.params.wants_logprobs)
+    # On CUDA the mask is fused into the sampling kernel, unless something reads the masked
+    # logits before the draw (the min_tokens ban looks for rows left empty, top_logprobs ranks).
+    fused = bitmask is not None and dev.type == "cuda" and bans is None and not want_top
+    if bitmask is not None and not fused:
         apply_bitmask_(logits, bitmask, mask_rows)
-    _ban_early_stops(logits, specs, eos)
+    if bans is not None:
+        _ban_early_stops(logits, *bans)
     top = _top_logprobs(logits, specs)
-    result = sample(logits, None, _tensors(specs, logits.device))
-    tokens = result.tokens.tolist()
+    tensors = _tensors(specs, dev)
+    result = sample(logits, bitmask, tensors, mask_rows) if fused else sample(logits, None, tensors)
+    return DeviceSample(result, top)
+
+
+def read_back(
+    drawn: DeviceSample, specs: list[RowSpec]
+) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Tokens, logprobs and top alternatives, read back in one transfer (token ids are exact in
+    float64)."""
+    result, top = drawn.result, drawn.top
+    parts = [result.tokens.double()]
+    if top is not None:
+        parts += [result.logprobs.double(), top.ids.double().reshape(-1)]
+        parts.append(top.values.double().reshape(-1))
+    flat = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
+    n = len(specs)
+    tokens = [int(t) for t in flat[:n]]
     if top is None:
-        return tokens, [None] * len(specs)
-    lps = result.logprobs.tolist()
+        return tokens, [None] * n
+    lps, k = flat[n : 2 * n], top.k
+    ids, values = flat[2 * n : 2 * n + len(top.rows) * k], flat[2 * n + len(top.rows) * k :]
+    alternatives = {}
+    for r, i in enumerate(top.rows):
+        want = specs[i].seq.params.top_logprobs
+        pairs = zip(ids[r * k : r * k + want], values[r * k : r * k + want], strict=True)
+        # Masked alternatives (-inf) are omitted, so there may be fewer than asked.
+        alternatives[i] = tuple((int(t), v) for t, v in pairs if math.isfinite(v))
     out: list[TokenLogprob | None] = []
     for i, spec in enumerate(specs):
         if not spec.seq.params.wants_logprobs:
             out.append(None)
-            continue
-        out.append(TokenLogprob(tokens[i], lps[i], top.get(i, ())))
+        else:
+            out.append(TokenLogprob(tokens[i], lps[i], alternatives.get(i, ())))
     return tokens, out
+
+
+def _on(dev: torch.device, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host list as a tensor on `dev`, copied asynchronously (`torch.tensor(device=cuda)`
+    would wait for the forward pass queued before it)."""
+    return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
 
 
 def _tensors(specs: list[RowSpec], device: torch.device) -> SamplingTensors:
@@ -97,19 +166,18 @@ def _apply_penalties(logits: torch.Tensor, specs: list[RowSpec]) -> None:
     dev, dtype = logits.device, logits.dtype
     params = [specs[i].seq.params for i in rows]
     counts = _output_counts(specs, rows, logits.shape[1], dtype, dev)
-    idx = torch.tensor(rows, device=dev)
+    idx = _on(dev, rows, torch.int64)
     sub = logits[idx]
     if any(p.repetition_penalty != 1 for p in params):
         seen = counts > 0
         for r, i in enumerate(rows):
             if params[r].repetition_penalty != 1:
                 seen[r, _prompt_ids(specs[i].seq, dev)] = True
-        rp = torch.tensor([p.repetition_penalty for p in params], dtype=dtype, device=dev)
-        rp = rp.unsqueeze(1)
+        rp = _on(dev, [p.repetition_penalty for p in params], dtype).unsqueeze(1)
         sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
     if any(p.frequency_penalty or p.presence_penalty for p in params):
-        freq = torch.tensor([p.frequency_penalty for p in params], dtype=dtype, device=dev)
-        pres = torch.tensor([p.presence_penalty for p in params], dtype=dtype, device=dev)
+        freq = _on(dev, [p.frequency_penalty for p in params], dtype)
+        pres = _on(dev, [p.presence_penalty for p in params], dtype)
         sub = sub - (freq[:, None] * counts + pres[:, None] * (counts > 0).to(dtype))
     logits[idx] = sub
 
@@ -126,8 +194,8 @@ def _output_counts(
         tok_idx.extend(toks)
     counts = torch.zeros(len(rows), vocab, dtype=dtype, device=dev)
     if tok_idx:
-        ri = torch.tensor(row_idx, device=dev)
-        ti = torch.tensor(tok_idx, device=dev).clamp_(max=vocab - 1)
+        ri = _on(dev, row_idx, torch.int64)
+        ti = _on(dev, tok_idx, torch.int64).clamp_(max=vocab - 1)
         counts.index_put_((ri, ti), torch.ones(len(ti), dtype=dtype, device=dev), accumulate=True)
     return counts
 
@@ -136,15 +204,17 @@ def _prompt_ids(seq: Sequence, dev: torch.device) -> torch.Tensor:
     """The distinct token ids of `seq`'s prompt, made once per sequence."""
     ids = seq.seen_prompt
     if ids is None or ids.device != dev:
-        ids = seq.seen_prompt = torch.tensor(sorted(set(seq.prompt_ids)), device=dev)
+        ids = seq.seen_prompt = _on(dev, sorted(set(seq.prompt_ids)), torch.int64)
     return ids
 
 
-def _ban_early_stops(logits: torch.Tensor, specs: list[RowSpec], eos: frozenset[int]) -> None:
-    """`min_tokens`: EOS (unless `ignore_eos`) and stop tokens become -inf on rows sampling an
-    output position below it, except on rows where nothing else would be left."""
+_Bans = tuple[list[int], list[int], list[int], list[int]]
+
+
+def _early_stop_bans(specs: list[RowSpec], eos: frozenset[int], vocab: int) -> _Bans | None:
+    """`min_tokens`: (rows, row of each ban, token of each ban, owner index of each ban) for
+    the rows sampling an output position below it; None when no row has a ban."""
     rows, row_idx, tok_idx, owner = [], [], [], []
-    vocab = logits.shape[1]
     for i, spec in enumerate(specs):
         p = spec.seq.params
         if spec.offset >= p.min_tokens:
@@ -156,32 +226,41 @@ def _ban_early_stops(logits: torch.Tensor, specs: list[RowSpec], eos: frozenset[
             tok_idx.extend(banned)
             owner.extend([len(rows)] * len(banned))
             rows.append(i)
-    if not rows:
-        return
+    return (rows, row_idx, tok_idx, owner) if rows else None
+
+
+def _ban_early_stops(
+    logits: torch.Tensor, rows: list[int], row_idx: list[int], tok_idx: list[int], owner: list[int]
+) -> None:
+    """EOS (unless `ignore_eos`) and stop tokens become -inf on the banned rows, except on rows
+    where nothing else would be left (the grammar wins: it allows only EOS there)."""
     dev = logits.device
-    ri, ti = torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)
+    ri, ti = _on(dev, row_idx, torch.int64), _on(dev, tok_idx, torch.int64)
     saved = logits[ri, ti]
     logits[ri, ti] = float("-inf")
-    dead = logits[torch.tensor(rows, device=dev)].amax(dim=1) == float("-inf")
-    logits[ri, ti] = torch.where(dead[torch.tensor(owner, device=dev)], saved, logits[ri, ti])
+    dead = logits[_on(dev, rows, torch.int64)].amax(dim=1) == float("-inf")
+    logits[ri, ti] = torch.where(dead[_on(dev, owner, torch.int64)], saved, logits[ri, ti])
 
 
-def _top_logprobs(
-    logits: torch.Tensor, specs: list[RowSpec]
-) -> dict[int, tuple[tuple[int, float], ...]] | None:
-    """The `top_logprobs` alternatives per row (None when no row wants logprobs at all)."""
+@dataclass
+class _Top:
+    """The `top_logprobs` alternatives of the rows that want them, still on the device."""
+
+    rows: list[int]
+    k: int
+    ids: torch.Tensor  # int64 [len(rows), k]
+    values: torch.Tensor  # float32 [len(rows), k]
+
+
+def _top_logprobs(logits: torch.Tensor, specs: list[RowSpec]) -> _Top | None:
+    """The top alternatives of every row that wants logprobs (None when no row does)."""
     want = [i for i, s in enumerate(specs) if s.seq.params.wants_logprobs]
     if not want:
         return None
     k = max(specs[i].seq.params.top_logprobs for i in want)
     if k == 0:
-        return {}
-    idx = torch.tensor(want, device=logits.device)
-    lp = torch.log_softmax(logits[idx].float(), dim=-1)
+        empty = logits.new_zeros(len(want), 0)
+        return _Top(want, 0, empty.long(), empty.float())
+    lp = torch.log_softmax(logits[_on(logits.device, want, torch.int64)].float(), dim=-1)
     values, ids = lp.topk(k, dim=-1)
-    out = {}
-    for r, i in enumerate(want):
-        n = specs[i].seq.params.top_logprobs
-        pairs = zip(ids[r, :n].tolist(), values[r, :n].tolist(), strict=True)
-        out[i] = tuple((t, v) for t, v in pairs if math.isfinite(v))  # masked ones omitted
-    return out
+    return _Top(want, k, ids, values)

@@ -46,8 +46,10 @@ def load_weights_from_folder(
 ) -> DecoderModel:
     """Build a `DecoderModel` from the safetensors in `folder` (cast to `dtype`, on `device`).
 
-    Tensors are read one at a time from the memory-mapped files, so peak memory is the model
-    plus the largest fused weight, not twice the checkpoint.
+    The model's parameters are allocated on `device` in `dtype` first; then each checkpoint
+    tensor is read from its memory-mapped shard and copied (cast on the way) into its place, so
+    host memory holds one checkpoint tensor at a time beside the mapped files: never a float32
+    copy of the model, and on CUDA no host copy of it at all.
     """
     with ExitStack() as stack:
         sources: dict[str, Callable[[], torch.Tensor]] = {}
@@ -92,23 +94,43 @@ def _fill_layer(
     layer: DecoderLayer, prefix: str, take: Callable[[str], torch.Tensor], c: ModelConfig
 ) -> None:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
     _copy(layer.input_norm, take(prefix + "input_layernorm.weight"))
     _copy(layer.post_norm, take(prefix + "post_attention_layernorm.weight"))
-    _copy(layer.qkv_weight, _cat(take, attn, ("q_proj", "k_proj", "v_proj"), "weight"))
+    _copy_parts(layer.qkv_weight, take, attn, qkv, "weight")
     if c.qkv_bias:
-        _copy(layer.qkv_bias, _cat(take, attn, ("q_proj", "k_proj", "v_proj"), "bias"))
+        _copy_parts(layer.qkv_bias, take, attn, qkv, "bias")
     _copy(layer.o_weight, take(attn + "o_proj.weight"))
     if c.o_bias:
         _copy(layer.o_bias, take(attn + "o_proj.bias"))
-    _copy(layer.gate_up_weight, _cat(take, mlp, ("gate_proj", "up_proj"), "weight"))
+    _copy_parts(layer.gate_up_weight, take, mlp, gate_up, "weight")
     _copy(layer.down_weight, take(mlp + "down_proj.weight"))
     if c.mlp_bias:
-        _copy(layer.gate_up_bias, _cat(take, mlp, ("gate_proj", "up_proj"), "bias"))
+        _copy_parts(layer.gate_up_bias, take, mlp, gate_up, "bias")
         _copy(layer.down_bias, take(mlp + "down_proj.bias"))
 
 
-def _cat(take: Callable[[str], torch.Tensor], prefix: str, parts: tuple[str, ...], kind: str):
-    return torch.cat([take(f"{prefix}{p}.{kind}") for p in parts], dim=0)
+def _copy_parts(
+    param: torch.nn.Parameter,
+    take: Callable[[str], torch.Tensor],
+    prefix: str,
+    parts: tuple[str, ...],
+    kind: str,
+) -> None:
+    """Fill a fused parameter part by part (its rows in order), never concatenating on the host:
+    each checkpoint tensor is cast and moved straight into its slice."""
+    values = [take(f"{prefix}{p}.{kind}") for p in parts]
+    rows = sum(v.shape[0] for v in values)
+    if rows != param.shape[0] or any(v.shape[1:] != param.shape[1:] for v in values):
+        shapes = [tuple(v.shape) for v in values]
+        raise WeightLoadError(
+            f"tensors {parts} of {prefix} have shapes {shapes}, which do not stack into parameter "
+            f"shape {tuple(param.shape)}; config.json disagrees with the weights"
+        )
+    start = 0
+    for v in values:
+        param[start : start + v.shape[0]].copy_(v)
+        start += v.shape[0]
 
 
 class _Taker:

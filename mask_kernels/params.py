@@ -87,13 +87,19 @@ class SamplingTensors:
         if any(not 0.0 <= p <= 1.0 for p in min_p):
             raise ValueError("min_p must be in [0, 1]; use 0.0 to switch it off")
         sampled = [t > 0 for t in temperature]
+
+        def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
+            # Built on the host, then one asynchronous copy each: `torch.tensor(device=cuda)`
+            # would wait for every kernel queued before it (the forward pass).
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
         return cls(
-            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
-            seed=torch.tensor(seed, dtype=torch.int64, device=device),
-            offset=torch.tensor(offset, dtype=torch.int64, device=device),
+            temperature=on_device(list(temperature), torch.float32),
+            top_k=on_device(top_k, torch.int64),
+            top_p=on_device(top_p, torch.float32),
+            min_p=on_device(min_p, torch.float32),
+            seed=on_device(seed, torch.int64),
+            offset=on_device(offset, torch.int64),
             uses_top_k_or_top_p=any(
                 s and (k > 0 or p < 1.0) for s, k, p in zip(sampled, top_k, top_p, strict=True)
             ),

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
+from engine_helpers import save_tiny_llama
 
 from corral.engine.assets import LoadedModel, load_model, resolve_model_folder
 
@@ -40,23 +40,8 @@ def tiny_model_folder(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFac
 
     Its logits are meaningless but deterministic (seed 0); `load_model(str(folder))` loads it.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     folder = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    save_tiny_llama(folder, vocab_size=49152, bos_token_id=1, eos_token_id=2)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(smollm2_folder / name, folder / name)
     return folder
