@@ -26,7 +26,6 @@ no files.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import statistics
@@ -146,9 +145,7 @@ def loaded(runner: ModelRunner, tok, name: str) -> LoadedModel:
 
 def engine_config(**fields) -> EngineConfig:
     """KV sized by `kv_cache_bytes` on every device (the CUDA default fills the GPU instead)."""
-    if "gpu_memory_fraction" in {f.name for f in dataclasses.fields(EngineConfig)}:
-        fields["gpu_memory_fraction"] = None
-    return EngineConfig(**fields)
+    return EngineConfig(gpu_memory_fraction=None, **fields)
 
 
 def sync(device: str) -> None:
