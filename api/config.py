@@ -80,6 +80,7 @@ class ServerConfig:
     memory_bytes: int = _GIB
     device: str = "cpu"
     dtype: str = "auto"
+    quantize: str = "auto"
     gpu_memory_fraction: float = 0.9
     max_concurrent: int = 16
     queue_limit: int = 64
@@ -115,6 +116,7 @@ class ServerConfig:
                 f"GPU memory fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
         _ = self.torch_dtype  # an unknown device or dtype is refused here, before anything loads
+        _ = self.quantization
         for name in (
             "max_body_bytes",
             "max_schema_bytes",
@@ -145,6 +147,13 @@ class ServerConfig:
         from corral.engine.device import parse_dtype
 
         return parse_dtype(self.dtype, self.torch_device)
+
+    @property
+    def quantization(self) -> str:
+        """`quantize` resolved for the model and device (`engine.assets.resolve_quantize`)."""
+        from corral.engine.assets import resolve_quantize
+
+        return resolve_quantize(self.quantize, self.model, self.torch_device)
 
     def engine_config(self) -> EngineConfig:
         """The engine this server runs: `build_state` builds it from here, and so does
@@ -187,6 +196,10 @@ SETTINGS: tuple[Setting, ...] = (
             "cpu (default), cuda or cuda:N: where the model runs"),
     Setting("dtype", "--dtype", "CORRAL_DTYPE", str,
             "auto (default: bfloat16 on CUDA, float32 on the CPU), float32, bfloat16 or float16"),
+    Setting("quantize", "--quantize", "CORRAL_QUANTIZE", str,
+            "auto (default: a .gguf, the embedded model too, keeps its own 4/8-bit weights on the "
+            "CPU; anything else runs unquantized), gguf, none, int4 or int8 (CPU only: matmul "
+            "weights quantized at load)"),
     Setting("memory_bytes", "--memory", "CORRAL_MEMORY_GB", parse_bytes,
             "KV-cache memory budget on the CPU: GiB (e.g. 2) or bytes with a unit (512MB); "
             "default 1"),

@@ -21,7 +21,11 @@ def build_state(config: ServerConfig) -> ServerState:
     from corral.schema_cache import CacheConfig, CompileService
 
     model = load_model(
-        config.model, config.torch_dtype, config.torch_device, cache_dir=config.cache_dir
+        config.model,
+        config.torch_dtype,
+        config.torch_device,
+        cache_dir=config.cache_dir,
+        quantize=config.quantization,
     )
     tok = TokenizerInfo.from_hf(
         model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
@@ -62,7 +66,8 @@ def startup_line(state: ServerState) -> str:
     auth = "API key required" if c.api_key else "no API key"
     return (
         f"Corral serving {state.model_name} (context {state.context_length} tokens, "
-        f"{c.torch_device} {str(c.torch_dtype).removeprefix('torch.')}) "
+        f"{c.torch_device} {str(c.torch_dtype).removeprefix('torch.')}"
+        f"{'' if c.quantization == 'none' else ', ' + c.quantization + ' weights'}) "
         f"at http://{c.host}:{c.port}/v1 ({auth}; metrics at /metrics)"
     )
 

@@ -42,6 +42,7 @@ class LoadedModel:
     chat_template: str | None
     eos_token_ids: list[int]
     name: str
+    quantization: str = "none"  # what `load_model` resolved `quantize` to
 
     @property
     def config(self) -> ModelConfig:
@@ -76,8 +77,10 @@ def ensure_converted(
     gguf_path: str | Path,
     cache_dir: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
+    weights: bool = True,
 ) -> Path:
-    """The Hugging Face folder converted from `gguf_path` in `dtype`, converting it on first use.
+    """The Hugging Face folder converted from `gguf_path` in `dtype`, converting it on first use;
+    `weights=False`: its config and tokenizer only (for `--quantize gguf`).
 
     Conversion writes into a temporary sibling folder and renames it into place, so a crash
     leaves no half-written model, and concurrent processes at worst convert twice. Each dtype
@@ -86,6 +89,7 @@ def ensure_converted(
     gguf_path = Path(gguf_path).resolve()
     size = gguf_path.stat().st_size
     suffix = "" if dtype == torch.float32 else "-" + str(dtype).removeprefix("torch.")
+    suffix = suffix if weights else "-meta"
     target = cache_root(cache_dir) / "models" / f"{gguf_path.stem}-{size}{suffix}"
     if (target / _DONE_MARKER).is_file():
         return target
@@ -93,7 +97,7 @@ def ensure_converted(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary readable folder
     try:
-        convert_gguf_to_hf(gguf_path, tmp, dtype)
+        convert_gguf_to_hf(gguf_path, tmp, dtype, weights)
         marker = {"source": str(gguf_path), "size": size, "version": _CONVERSION_VERSION}
         (tmp / _DONE_MARKER).write_text(json.dumps(marker) + "\n")
         if target.exists() and not (target / _DONE_MARKER).is_file():
@@ -129,20 +133,56 @@ def resolve_model_folder(
     )
 
 
+QUANTIZE_CHOICES = ("auto", "gguf", "none", "int4", "int8")
+
+
+def resolve_quantize(quantize: str, path: str | None, device: torch.device) -> str:
+    """`auto`: a `.gguf` (the default model too) keeps its own quantization on the CPU; a
+    Hugging Face folder, or anything on CUDA, runs unquantized. Refuses what cannot run."""
+    q = str(quantize).strip().lower()
+    if q not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize {quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
+    is_gguf = path is None or str(path).endswith(".gguf")
+    if q == "auto":
+        return "gguf" if is_gguf and device.type == "cpu" else "none"
+    if q != "none" and device.type != "cpu":
+        raise ValueError(f"--quantize {q} runs on the CPU only (its kernels are torch's CPU ones)")
+    if q == "gguf" and not is_gguf:
+        raise ValueError("--quantize gguf keeps a .gguf file's own weights; this model is not one")
+    return q
+
+
 def load_model(
     path: str | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     cache_dir: str | Path | None = None,
+    quantize: str = "none",
 ) -> LoadedModel:
     """Load a model for serving; `path=None` loads the embedded SmolLM2-135M-Instruct.
 
     The weights are built in `dtype` on `device` directly (`weights.load_weights_from_folder`).
+    `quantize` (see `resolve_quantize`): `gguf` keeps a GGUF's quantized matmul weights
+    (`gguf_weights`), `int4`/`int8` quantize every matmul weight at load (`quant`), `none`
+    dequantizes everything to `dtype`.
     """
     device = torch.device(device)
-    folder = resolve_model_folder(path, cache_dir, dtype)
-    config = ModelConfig.from_folder(folder)
-    model = load_weights_from_folder(folder, config, dtype, device)
+    quantize = resolve_quantize(quantize, path, device)
+    if quantize == "gguf":
+        from corral.engine.gguf_weights import load_gguf_quantized
+
+        gguf = default_gguf_path() if path is None else Path(path)
+        folder = ensure_converted(gguf, cache_dir, dtype, weights=False)
+        config = ModelConfig.from_folder(folder)
+        model = load_gguf_quantized(gguf, config, dtype)
+    else:
+        folder = resolve_model_folder(path, cache_dir, dtype)
+        config = ModelConfig.from_folder(folder)
+        model = load_weights_from_folder(folder, config, dtype, device)
+        if quantize in ("int4", "int8"):
+            from corral.engine.quant import quantize_model
+
+            quantize_model(model, quantize)
     tok = load_tokenizer(folder, config)
     name = DEFAULT_MODEL_FILE.removesuffix(".gguf") if path is None else Path(path).stem
     return LoadedModel(
@@ -151,6 +191,7 @@ def load_model(
         chat_template=tok.chat_template,
         eos_token_ids=tok.eos_token_ids,
         name=name,
+        quantization=quantize,
     )
 
 

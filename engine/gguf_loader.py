@@ -123,11 +123,17 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
 def dequantized(t: Any, name: str, config: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
     """One GGUF tensor dequantized, in Hugging Face layout, cast to `dtype`."""
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest axis first
-    arr = dequantize(t.data, t.tensor_type).reshape(shape)
     proj = name.split(".")[-2]
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    data = t.data
     if config["model_type"] == "llama" and proj in heads:
-        arr = unpermute_qk(arr, heads[proj])
+        data = unpermute_qk(data, heads[proj])  # whole rows move: blocks along K stay intact
+    return dequantize_array(data, t.tensor_type, shape, dtype)
+
+
+def dequantize_array(data: np.ndarray, qtype: Any, shape: tuple[int, ...], dtype: torch.dtype):
+    """A tensor's stored rows (`ReaderTensor.data` layout) dequantized to `dtype` `shape`."""
+    arr = dequantize(data, qtype).reshape(shape)
     # Copy: F32 tensors are views of the read-only memory map.
     return torch.from_numpy(np.array(arr, dtype=np.float32, order="C")).to(dtype)
 
@@ -168,10 +174,15 @@ def write_safetensors_streaming(
 
 
 def convert_gguf_to_hf(
-    gguf_path: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32
+    gguf_path: str | Path,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    weights: bool = True,
 ) -> None:
     """Write a complete Hugging Face folder for `gguf_path` into `out_dir` (created if needed),
-    its weights dequantized tensor by tensor straight to `dtype` (float32, bfloat16, float16).
+    its weights dequantized tensor by tensor straight to `dtype` (float32, bfloat16, float16);
+    `weights=False` writes the config and tokenizer only (the quantized path reads the weights
+    from the GGUF itself, `engine.gguf_weights`).
 
     Not atomic by itself; `assets.ensure_converted` writes into a temporary folder and renames.
     """
@@ -180,14 +191,15 @@ def convert_gguf_to_hf(
     reader = GGUFReader(gguf_path)
     config = hf_config_from_gguf(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    tensors = {hf_name(t.name): t for t in reader.tensors}  # in file order
-    entries = [(name, tuple(int(d) for d in reversed(t.shape))) for name, t in tensors.items()]
-    write_safetensors_streaming(
-        out_dir / "model.safetensors",
-        entries,
-        lambda name: dequantized(tensors[name], name, config, dtype),
-        dtype,
-    )
+    if weights:
+        tensors = {hf_name(t.name): t for t in reader.tensors}  # in file order
+        entries = [(n, tuple(int(d) for d in reversed(t.shape))) for n, t in tensors.items()]
+        write_safetensors_streaming(
+            out_dir / "model.safetensors",
+            entries,
+            lambda name: dequantized(tensors[name], name, config, dtype),
+            dtype,
+        )
     _write_tokenizer(reader, gguf_path, out_dir, config)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}

@@ -30,6 +30,16 @@ from corral.engine.matmul import (
     packed_linear,
 )
 from corral.engine.model_config import ModelConfig, RopeConfig
+from corral.engine.quant import MatmulWeight, any_linear
+
+
+def set_weight(module: nn.Module, name: str, value, shape: tuple[int, int]) -> None:
+    """Replace attribute `name` (a registered parameter, or None) by `value` of `shape`."""
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(value.shape)} does not fit {tuple(shape)}")
+    if name in module._parameters:
+        delattr(module, name)  # unregisters it, so a dense predecessor's memory is freed
+    setattr(module, name, value)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -94,13 +104,23 @@ class DecoderLayer(nn.Module):
 
     MATMUL_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
-    def __init__(self, config: ModelConfig, index: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        config: ModelConfig,
+        index: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        dense_matmuls: bool = True,
+    ):
+        """`dense_matmuls=False` leaves the four matmul weights unset (None): a quantized loader
+        puts them in with `set_matmul_weight`, so no full-size dense copy is ever allocated."""
         super().__init__()
         c = config
         self.index = index
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.hidden_size, self.intermediate_size = c.hidden_size, c.intermediate_size
         self.eps = c.rms_norm_eps
 
         def p(*shape: int, present: bool = True) -> nn.Parameter | None:
@@ -108,25 +128,50 @@ class DecoderLayer(nn.Module):
                 return None
             return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
+        d = dense_matmuls
         self.input_norm = p(c.hidden_size)
-        self.qkv_weight = p(self.q_size + 2 * self.kv_size, c.hidden_size)
+        self.qkv_weight = p(self.q_size + 2 * self.kv_size, c.hidden_size, present=d)
         self.qkv_bias = p(self.q_size + 2 * self.kv_size, present=c.qkv_bias)
-        self.o_weight = p(c.hidden_size, self.q_size)
+        self.o_weight = p(c.hidden_size, self.q_size, present=d)
         self.o_bias = p(c.hidden_size, present=c.o_bias)
         self.post_norm = p(c.hidden_size)
-        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size)
+        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size, present=d)
         self.gate_up_bias = p(2 * c.intermediate_size, present=c.mlp_bias)
-        self.down_weight = p(c.hidden_size, c.intermediate_size)
+        self.down_weight = p(c.hidden_size, c.intermediate_size, present=d)
         self.down_bias = p(c.hidden_size, present=c.mlp_bias)
         self.linear: Linear = linear_fn(dtype, device)
 
+    def matmul_shape(self, name: str) -> tuple[int, int]:
+        """`[out_features, in_features]` of one of `MATMUL_WEIGHTS`."""
+        hidden, inter = self.hidden_size, self.intermediate_size
+        return {
+            "qkv_weight": (self.q_size + 2 * self.kv_size, hidden),
+            "o_weight": (hidden, self.q_size),
+            "gate_up_weight": (2 * inter, hidden),
+            "down_weight": (hidden, inter),
+        }[name]
+
+    def set_matmul_weight(self, name: str, weight: MatmulWeight) -> None:
+        """Put a dense or quantized matmul weight in place (the loader's door)."""
+        if isinstance(weight, torch.Tensor) and not isinstance(weight, nn.Parameter):
+            weight = nn.Parameter(weight.to(self.input_norm.dtype), requires_grad=False)
+        set_weight(self, name, weight, self.matmul_shape(name))
+        if not isinstance(weight, torch.Tensor):
+            self.linear = any_linear(self.linear)
+
     def pack_weights(self, batch_hint: int) -> None:
-        """Replace the four matmul weights by oneDNN-packed copies, dropping the dense ones."""
+        """Replace the dense matmul weights by oneDNN-packed copies, dropping the dense ones
+        (quantized ones stay as they are)."""
+        quantized = False
         for name in self.MATMUL_WEIGHTS:
-            packed = pack_weight(getattr(self, name), batch_hint)
+            w = getattr(self, name)
+            if not isinstance(w, torch.Tensor):
+                quantized = True
+                continue
+            packed = pack_weight(w, batch_hint)
             delattr(self, name)  # unregisters the parameter, so its memory is freed
             setattr(self, name, packed)
-        self.linear = packed_linear
+        self.linear = any_linear(packed_linear) if quantized else packed_linear
 
     def forward(
         self,
@@ -153,26 +198,57 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     """Embedding, `num_layers` decoder layers, final norm and LM head (tied or not)."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        dense_matmuls: bool = True,
+    ):
+        """`dtype`: the activations' (and dense weights') dtype. `dense_matmuls=False`: the
+        layers' matmul weights, the embedding and the LM head are left for a quantized loader
+        (`set_matmul_weight`, `set_embedding`, `set_lm_head`)."""
         super().__init__()
         device = torch.device(device)
         c = config
         self.config = c
-        self.embed = nn.Parameter(
-            torch.empty(c.vocab_size, c.hidden_size, dtype=dtype, device=device),
-            requires_grad=False,
+        self.dtype, self.device = dtype, device
+        self.embed = None  # a dense Parameter, or a table with `lookup` (`set_embedding`)
+        self.lm_head: MatmulWeight | None = None
+        if dense_matmuls:
+            self.embed = nn.Parameter(
+                torch.empty(c.vocab_size, c.hidden_size, dtype=dtype, device=device),
+                requires_grad=False,
+            )
+            # Tied models share the embedding tensor; `lm_head` is then another name for it.
+            self.lm_head = (
+                self.embed
+                if c.tie_word_embeddings
+                else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
+            )
+        self.layers = nn.ModuleList(
+            DecoderLayer(c, i, dtype, device, dense_matmuls) for i in range(c.num_layers)
         )
-        self.layers = nn.ModuleList(DecoderLayer(c, i, dtype, device) for i in range(c.num_layers))
         self.norm = nn.Parameter(torch.empty(c.hidden_size, dtype=dtype, device=device), False)
-        # Tied models share the embedding tensor; `lm_head` is then just another name for it.
-        self.lm_head = (
-            self.embed
-            if c.tie_word_embeddings
-            else nn.Parameter(torch.empty_like(self.embed), requires_grad=False)
-        )
         self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.head_dim).to(device), False)
         self.linear: Linear = linear_fn(dtype, device)
         self.packed_head: torch.Tensor | None = None  # set by `pack_weights`
+
+    def set_embedding(self, table) -> None:
+        """The token embedding: a dense `[vocab, hidden]` tensor, or any table with `shape` and
+        `lookup(ids, dtype)` (`gguf_weights.GGUFRows`)."""
+        shape = (self.config.vocab_size, self.config.hidden_size)
+        if isinstance(table, torch.Tensor):
+            table = nn.Parameter(table.to(self.dtype), requires_grad=False)
+        set_weight(self, "embed", table, shape)
+
+    def set_lm_head(self, weight: MatmulWeight) -> None:
+        """The LM head (`[vocab, hidden]`), dense or quantized."""
+        if isinstance(weight, torch.Tensor) and not isinstance(weight, nn.Parameter):
+            weight = nn.Parameter(weight.to(self.dtype), requires_grad=False)
+        set_weight(self, "lm_head", weight, (self.config.vocab_size, self.config.hidden_size))
+        if not isinstance(weight, torch.Tensor):
+            self.linear = any_linear(self.linear)
 
     @property
     def packed(self) -> bool:
@@ -188,12 +264,16 @@ class DecoderModel(nn.Module):
         """
         if self.packed:
             return True
-        if not can_pack(self.embed.dtype, self.embed.device):
+        if not can_pack(self.dtype, self.device):
             return False
         for layer in self.layers:
             layer.pack_weights(batch_hint)
-        self.packed_head = pack_weight(self.lm_head, batch_hint)
-        self.linear = packed_linear
+        if isinstance(self.lm_head, torch.Tensor):
+            self.packed_head = pack_weight(self.lm_head, batch_hint)
+            self.linear = packed_linear
+        else:  # a quantized head is already in its kernel's layout
+            self.packed_head = self.lm_head
+            self.linear = any_linear(packed_linear)
         return True
 
     def forward(
@@ -206,7 +286,11 @@ class DecoderModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Logits (float32) `[len(logits_index), vocab_size]` for the selected rows only."""
-        x = F.embedding(input_ids, self.embed)
+        x = (
+            F.embedding(input_ids, self.embed)
+            if isinstance(self.embed, torch.Tensor)
+            else self.embed.lookup(input_ids, self.dtype)
+        )
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, attn, pool, meta)

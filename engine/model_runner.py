@@ -114,8 +114,8 @@ class ModelRunner:
             model.pack_weights()
         self.config: ModelConfig = model.config
         c = self.config
-        self.dtype = model.embed.dtype
-        self.device = model.embed.device
+        self.dtype = model.dtype
+        self.device = model.device
         self.attention = attention or default_attention(c, self.device)
 
     def make_kv_pool(self, num_slots: int) -> KVPool:

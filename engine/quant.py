@@ -27,7 +27,9 @@ and returns bfloat16, cast back to the caller's dtype; float32 is the exact, slo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -40,7 +42,7 @@ SUPPORTED_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0)
 _BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q4_K: 144, QT.Q8_0: 34}
 _BLOCK_VALUES = {QT.Q4_0: 32, QT.Q4_1: 32, QT.Q4_K: 256, QT.Q8_0: 32}
 _ROW_ALIGN = 16  # the kernel tiles N by 16/32/64; a row count off that grid is refused
-_PACK_CHUNK_ROWS = 4096  # pack this many rows at a time: the int32 staging copy stays small
+_PACK_CHUNK_ROWS = 1024  # pack this many rows at a time: the int32 staging copies stay small
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +87,45 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, b: torch.Tensor | None) -> torch
     return y if b is None else y.add_(b)
 
 
+def int4_from_dense(
+    w: torch.Tensor, group: int = GROUP, compute_dtype: torch.dtype = torch.bfloat16
+) -> Int4Weight:
+    """Round a dense `[N, K]` weight to 4 bits at load (`--quantize int4`): per group of `group`
+    input columns, 16 evenly spaced levels from the group's minimum to its maximum
+    (round to nearest; the error is at most half a level, (max - min) / 30)."""
+    n, k = w.shape
+    if n % _ROW_ALIGN or k % group:
+        raise ValueError(
+            f"int4 needs out_features divisible by {_ROW_ALIGN} and in_features by {group}; "
+            f"got {tuple(w.shape)}"
+        )
+
+    def chunks():
+        for start in range(0, n, _PACK_CHUNK_ROWS):
+            g = w[start : start + _PACK_CHUNK_ROWS].float().reshape(-1, k // group, group)
+            lo, hi = g.amin(dim=2), g.amax(dim=2)
+            scale = ((hi - lo) / 15).clamp_min(1e-30)
+            q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32)
+            yield start, q.reshape(-1, k), scale, lo + 8 * scale  # W = lo + q * scale
+
+    return _packed(n, k, k, chunks(), compute_dtype, split_input=False)
+
+
+def _packed(
+    n: int, k: int, k_stored: int, chunks, compute_dtype: torch.dtype, split_input: bool
+) -> Int4Weight:
+    """Pack `(first row, q int32 [rows, K'], scale [rows, K'/32], zero [rows, K'/32])` chunks
+    into preallocated buffers: peak memory is the result plus one chunk, never two results."""
+    packed = torch.empty(n, k_stored // 2, dtype=torch.uint8)
+    sz = torch.empty(k_stored // GROUP, n, 2, dtype=compute_dtype)
+    for start, q, scale, zero in chunks:
+        rows = q.shape[0]
+        packed[start : start + rows] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        sz[:, start : start + rows, 0] = torch.as_tensor(scale).T
+        sz[:, start : start + rows, 1] = torch.as_tensor(zero).T
+    return Int4Weight(packed, sz, out_features=n, in_features=k, split_input=split_input)
+
+
 def int4_from_gguf(
     blocks: np.ndarray, qtype: QT, compute_dtype: torch.dtype = torch.bfloat16
 ) -> Int4Weight:
@@ -105,19 +146,14 @@ def int4_from_gguf(
         raise ValueError(f"int4 kernel needs out_features divisible by {_ROW_ALIGN}, got {n}")
     k = blocks.shape[1] // _BLOCK_BYTES[qtype] * _BLOCK_VALUES[qtype]
     unpack = _UNPACKERS[qtype]
-    packed, scales = [], []
-    for start in range(0, n, _PACK_CHUNK_ROWS):
-        q, s, z = unpack(blocks[start : start + _PACK_CHUNK_ROWS])
-        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(q), 1))
-        scales.append(np.stack((s, z), axis=-1).transpose(1, 0, 2))  # [groups, rows, 2]
-    sz = torch.from_numpy(np.ascontiguousarray(np.concatenate(scales, axis=1)))
-    return Int4Weight(
-        packed=torch.cat(packed) if len(packed) > 1 else packed[0],
-        scales_zeros=sz.to(compute_dtype),
-        out_features=n,
-        in_features=k,
-        split_input=qtype == QT.Q8_0,
-    )
+
+    def chunks():
+        for start in range(0, n, _PACK_CHUNK_ROWS):
+            q, scale, zero = unpack(blocks[start : start + _PACK_CHUNK_ROWS])
+            yield start, torch.from_numpy(q), scale, zero
+
+    split = qtype == QT.Q8_0  # two 4-bit halves side by side along K
+    return _packed(n, k, 2 * k if split else k, chunks(), compute_dtype, split_input=split)
 
 
 # Each unpacker: raw blocks [rows, row_bytes] -> (q int32 [rows, K'] in 0..15,
@@ -215,22 +251,45 @@ def int8_requantized(w: torch.Tensor, compute_dtype: torch.dtype = torch.bfloat1
     return Int8Weight(q, scale.to(compute_dtype))
 
 
-@dataclass(frozen=True, eq=False)
-class Q8Embedding:
-    """A Q8_0 embedding table, rows dequantized on lookup (exact): `d[i, g] * q[i, g*32 + j]`."""
+MatmulWeight: TypeAlias = "torch.Tensor | Int4Weight | Int8Weight"
+"""What a model's matmul weight may be: dense (plain or oneDNN-packed) or quantized."""
 
-    q: torch.Tensor  # int8 [V, K]
-    d: torch.Tensor  # float16 [V, K/32]
+_QUANTIZED_LINEAR: dict[type, Callable] = {Int4Weight: int4_linear, Int8Weight: int8_linear}
 
-    @classmethod
-    def from_blocks(cls, blocks: np.ndarray) -> Q8Embedding:
-        rows = blocks.shape[0]
-        b = blocks.reshape(rows, -1, 34)
-        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
-        q = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(rows, -1)
-        return cls(torch.from_numpy(q), torch.from_numpy(d))
 
-    def lookup(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """`[len(ids), K]` rows in `dtype` (float32 math, then cast)."""
-        q, d = self.q[ids].float(), self.d[ids].float()
-        return (q.view(len(ids), -1, GROUP) * d[..., None]).view(len(ids), -1).to(dtype)
+def register_linear(weight_type: type, fn: Callable) -> None:
+    """Teach `any_linear` another weight type (e.g. `gguf_weights.RefinedHead`)."""
+    _QUANTIZED_LINEAR[weight_type] = fn
+
+
+def any_linear(dense: Callable) -> Callable:
+    """A `Linear` that runs quantized weights through their kernel and dense ones through
+    `dense`: a model may mix them (a GGUF tensor type without a mapping stays dense)."""
+    if getattr(dense, "handles_quantized", False):
+        return dense
+
+    def linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
+        fn = _QUANTIZED_LINEAR.get(type(w))
+        return dense(x, w, b) if fn is None else fn(x, w, b)
+
+    linear.handles_quantized = True  # type: ignore[attr-defined]
+    return linear
+
+
+def quantize_model(model, kind: str) -> None:
+    """Quantize every dense matmul weight of a `DecoderModel` in place (`--quantize int4|int8`):
+    the layers' four and the LM head; the embedding stays dense for the token lookup. A weight
+    whose shape the int4 kernel cannot tile stays dense."""
+    from corral.engine.model import DecoderLayer
+
+    def convert(w: torch.Tensor) -> MatmulWeight:
+        if kind == "int8":
+            return int8_requantized(w)
+        n, k = w.shape
+        return int4_from_dense(w) if n % _ROW_ALIGN == 0 and k % GROUP == 0 else w
+
+    with torch.no_grad():
+        for layer in model.layers:
+            for name in DecoderLayer.MATMUL_WEIGHTS:
+                layer.set_matmul_weight(name, convert(getattr(layer, name)))
+        model.set_lm_head(convert(model.lm_head))

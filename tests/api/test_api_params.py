@@ -273,11 +273,12 @@ def test_repetition_penalty_changes_the_output_and_is_bounded(server) -> None:
 
 
 def test_stop_token_ids_end_the_output(server, smol_tokenizer) -> None:
-    greedy = text_of(_sentence(server, temperature=0))
-    assert "," in greedy, greedy
-    (comma,) = smol_tokenizer.encode(",", add_special_tokens=False)
-    reply = _sentence(server, temperature=0, stop_token_ids=[comma])
+    body = chat(server, "List five colours, one per line.", max_tokens=16, temperature=0)
+    greedy = text_of(ok(post(server, body)))
+    assert "\n" in greedy.strip(), greedy
+    (newline,) = smol_tokenizer.encode("\n", add_special_tokens=False)
+    reply = ok(post(server, body | {"stop_token_ids": [newline]}))
     assert reply["choices"][0]["finish_reason"] == "stop"
-    assert greedy.startswith(text_of(reply)) and "," not in text_of(reply)
+    assert greedy.startswith(text_of(reply)) and "\n" not in text_of(reply)
     vocab = len(smol_tokenizer)
     error(post(server, chat(server, max_tokens=2, stop_token_ids=[vocab])), "stop_token_ids[0]")

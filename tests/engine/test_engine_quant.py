@@ -15,7 +15,6 @@ from gguf.quants import dequantize, quantize
 
 from corral.engine.gguf_loader import unpermute_qk
 from corral.engine.quant import (
-    Q8Embedding,
     int4_from_gguf,
     int4_linear,
     int8_linear,
@@ -81,13 +80,6 @@ def test_rows_permute_before_packing() -> None:
     want = unpermute_qk(dequantize(blocks, QT.Q4_1).reshape(rows, cols), heads)
     w = int4_from_gguf(unpermute_qk(blocks, heads), QT.Q4_1, torch.float32)
     assert torch.equal(dequantized_weights(w, cols), torch.from_numpy(want))
-
-
-def test_q8_embedding_lookup_is_exact() -> None:
-    blocks = random_blocks(QT.Q8_0, 40, 128, seed=3)
-    want = torch.from_numpy(dequantize(blocks, QT.Q8_0).reshape(40, 128))
-    ids = torch.tensor([0, 7, 39, 7])
-    assert torch.equal(Q8Embedding.from_blocks(blocks).lookup(ids), want[ids])
 
 
 def test_int8_requantization_error_is_bounded() -> None:

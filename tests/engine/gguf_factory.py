@@ -1,0 +1,79 @@
+"""Small random Llama GGUF files of one quantization type, for the quantized-path tests.
+
+The metadata (tokenizer, chat template, rope, norms) is copied from the embedded SmolLM2 GGUF, the
+shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (Q4_K,
+which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and tied, as in the
+default model; norms are F32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import quantize
+
+SHAPE_KEYS = {
+    "llama.block_count": 2,
+    "llama.embedding_length": 256,
+    "llama.feed_forward_length": 512,
+    "llama.attention.head_count": 4,
+    "llama.attention.head_count_kv": 2,
+    "llama.rope.dimension_count": 64,
+}
+
+
+def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator, std: float):
+    """Valid blocks of `qtype` for a `[rows, cols]` weight of standard deviation ~`std`."""
+    if qtype != QT.Q4_K:
+        w = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
+        return quantize(w, qtype)
+    supers = cols // 256
+    b = rng.integers(0, 256, size=(rows, supers, 144), dtype=np.uint8)
+    # d and dmin (fp16) scale 6-bit sub-scales (0..63) times 4-bit values: keep weights ~std.
+    consts = rng.uniform(0.2, 1.0, size=(rows, supers, 2)) * std / 63 * 2
+    b[..., 0:4] = consts.astype(np.float16).view(np.uint8)
+    return b.reshape(rows, -1)
+
+
+def write_random_llama_gguf(source: Path, out: Path, qtype: QT, seed: int = 0) -> Path:
+    """A 2-layer random Llama GGUF with `source`'s tokenizer and `qtype` matmul weights."""
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(out), "llama")
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue  # written by the writer itself
+        value = SHAPE_KEYS.get(key, f.contents())
+        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, f.types[0], sub)
+    if "llama.attention.key_length" not in reader.fields:
+        writer.add_key_value("llama.attention.key_length", 64, GGUFValueType.UINT32)
+    vocab = (
+        int(reader.fields["llama.vocab_size"].contents())
+        if "llama.vocab_size" in (reader.fields)
+        else len(reader.fields["tokenizer.ggml.tokens"].contents())
+    )
+    hidden, inter = SHAPE_KEYS["llama.embedding_length"], SHAPE_KEYS["llama.feed_forward_length"]
+    q_rows, kv_rows = 4 * 64, 2 * 64
+    rng = np.random.default_rng(seed)
+    writer.add_tensor("token_embd.weight", random_blocks(QT.Q8_0, vocab, hidden, rng, 0.5),
+                      raw_dtype=QT.Q8_0)  # fmt: skip
+    writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    shapes = {
+        "attn_q": (q_rows, hidden), "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden),
+        "attn_output": (hidden, q_rows), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+    }  # fmt: skip
+    for i in range(SHAPE_KEYS["llama.block_count"]):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        for name, (rows, cols) in shapes.items():
+            blocks = random_blocks(qtype, rows, cols, rng, cols**-0.5)
+            writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
