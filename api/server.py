@@ -13,7 +13,15 @@ log = logging.getLogger("corral.api")
 
 
 def build_state(config: ServerConfig) -> ServerState:
-    """Load the model and build the engine and the compile service (no network)."""
+    """Load the model and build the engine and the compile service (no network).
+
+    The main thread runs torch single-threaded: the engine thread is then the only one with an
+    OpenMP worker team, which keeps its workers spinning between the step's parallel regions
+    (`Engine._bind_threads`; decode steps ran 2x slower with a second team from the load).
+    """
+    import torch
+
+    torch.set_num_threads(1)
     from corral.engine.assets import load_model
     from corral.engine.async_engine import AsyncEngine
     from corral.grammar import TokenizerInfo

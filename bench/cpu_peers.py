@@ -21,7 +21,7 @@ refuses OpenAI's ``json_schema`` type), so it gets the same schema in that form,
 computes the logits of every prompt token). Tokens generated count the EOS: Corral's are its
 streamed usage; llama.cpp streams no usage but one chunk per token, so its are its content
 chunks, plus the EOS when it stopped; the last token's time is that of the chunk with the finish
-reason. Without llama-cpp-python (``pip install 'llama-cpp-python[server]'``) the bench prints
+reason. Without llama-cpp-python (``pip install -e '.[peers]'``, built from source) the bench prints
 Corral's figures alone.
 
     .venv/bin/python bench/cpu_peers.py [--quick] [--gguf PATH] [--corral-arg=--dtype=bfloat16]

@@ -199,6 +199,8 @@ class GGUFRows:
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """`[len(ids), hidden]` rows in `dtype`."""
         t, wanted = self.info, ids.tolist()
+        if not wanted:
+            return torch.empty(0, self.shape[1], dtype=dtype)
         distinct = sorted(set(wanted))
         raw = b"".join(os.pread(self._fd, t.row_bytes, t.offset + i * t.row_bytes)
                        for i in distinct)  # fmt: skip
@@ -238,6 +240,8 @@ class RefinedHead:
 def refined_head_linear(x: torch.Tensor, head: RefinedHead, b: torch.Tensor | None):
     """`x @ head.T (+ b)`: the kernel's logits, the leaders' recomputed in float32."""
     y = int4_linear(x, head.weight, None)
+    if y.shape[0] == 0:  # a prefill chunk that samples no row
+        return y if b is None else y.add_(b)
     ids = y.topk(min(head.top, y.shape[1]), dim=-1).indices  # [rows, top]
     w = head.rows.lookup(ids.reshape(-1), torch.float32).view(*ids.shape, -1)
     exact = torch.bmm(w, x.float().unsqueeze(2)).squeeze(2)

@@ -180,3 +180,13 @@ def test_a_folder_quantized_at_load_still_generates(
     assert kl_rows(want, got).max().item() <= TINY_KL_MAX
     outs = make_engine(model).generate(prompts, SamplingParams(max_tokens=8, temperature=0))
     assert len(outs[0][0].token_ids) == 8
+
+
+def test_a_long_prompt_prefilled_in_chunks_runs_quantized(quantized):
+    """Chunks that sample no row reach the LM head with no rows at all (the embedding too)."""
+    eng = make_engine(quantized, max_batched_tokens=256)
+    prompt = chat(quantized, "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 90)
+    assert len(prompt) > 800
+    (choice,) = eng.generate([prompt], SamplingParams(max_tokens=4, temperature=0))[0]
+    assert len(choice.token_ids) == 4 and choice.error is None
+    eng.check_integrity()
