@@ -137,14 +137,14 @@ def _served_tokenizer(model: str | None, cache_dir: Path | None = None) -> Token
     """The tokenizer ``corral serve --model MODEL`` constrains with (``api/server.py``), built
     without loading the weights: same logits width and stop tokens, so the same fingerprint.
 
-    A ``.gguf`` model (the default one included) is converted into the model cache first, once,
-    as the server would.
+    A ``.gguf`` model (the default one included) has its config and tokenizer written into the
+    model cache first, once, as the server does (no weights: it reads those from the GGUF).
     """
     from corral.engine.assets import load_tokenizer, resolve_model_folder
     from corral.engine.model_config import ModelConfig
     from corral.grammar import TokenizerInfo
 
-    folder = resolve_model_folder(model, cache_dir)
+    folder = resolve_model_folder(model, cache_dir, weights=False)
     config = ModelConfig.from_folder(folder)
     tok = load_tokenizer(folder, config)
     return TokenizerInfo.from_hf(

@@ -117,14 +117,15 @@ def resolve_model_folder(
     path: str | Path | None,
     cache_dir: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
+    weights: bool = True,
 ) -> Path:
     """A Hugging Face folder for `path`: None -> the embedded default, `*.gguf` -> converted
-    (to `dtype`)."""
+    (to `dtype`; `weights=False`: config and tokenizer only)."""
     if path is None:
-        return ensure_converted(default_gguf_path(), cache_dir, dtype)
+        return ensure_converted(default_gguf_path(), cache_dir, dtype, weights)
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
-        return ensure_converted(p, cache_dir, dtype)
+        return ensure_converted(p, cache_dir, dtype, weights)
     if p.is_dir():
         return p
     raise FileNotFoundError(
@@ -172,7 +173,7 @@ def load_model(
         from corral.engine.gguf_weights import load_gguf_quantized
 
         gguf = default_gguf_path() if path is None else Path(path)
-        folder = ensure_converted(gguf, cache_dir, dtype, weights=False)
+        folder = resolve_model_folder(gguf, cache_dir, dtype, weights=False)
         config = ModelConfig.from_folder(folder)
         model = load_gguf_quantized(gguf, config, dtype)
     else:
