@@ -143,10 +143,10 @@ class ServerConfig:
 
     @property
     def torch_dtype(self):
-        """`dtype` resolved for the device (`auto`: bfloat16 on CUDA, float32 on the CPU)."""
+        """`dtype` resolved for the device and weights (`engine.device.parse_dtype`)."""
         from corral.engine.device import parse_dtype
 
-        return parse_dtype(self.dtype, self.torch_device)
+        return parse_dtype(self.dtype, self.torch_device, self.quantization != "none")
 
     @property
     def quantization(self) -> str:
@@ -195,7 +195,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("device", "--device", "CORRAL_DEVICE", str,
             "cpu (default), cuda or cuda:N: where the model runs"),
     Setting("dtype", "--dtype", "CORRAL_DTYPE", str,
-            "auto (default: bfloat16 on CUDA, float32 on the CPU), float32, bfloat16 or float16"),
+            "auto (default: bfloat16 on CUDA and for quantized weights on the CPU, else float32), "
+            "float32, bfloat16 or float16"),
     Setting("quantize", "--quantize", "CORRAL_QUANTIZE", str,
             "auto (default: a .gguf, the embedded model too, keeps its own 4/8-bit weights on the "
             "CPU; anything else runs unquantized), gguf, none, int4 or int8 (CPU only: matmul "

@@ -2,8 +2,9 @@
 
 Checked when the server starts, before any weight is read: a CUDA device that is absent, an index
 past the last GPU, or a dtype the device cannot run is a startup error that says what to change.
-`auto` is bfloat16 on CUDA (what checkpoints of 1-70B models ship in) and float32 on the CPU (where
-the default model's logits match the Hugging Face reference exactly).
+`auto` is bfloat16 on CUDA (what checkpoints of 1-70B models ship in) and for quantized weights on
+the CPU (`--quantize`: the 4-bit kernel's own precision), and float32 for unquantized weights on
+the CPU (where the logits match the Hugging Face reference exactly).
 
 On CUDA the KV pool gets what is left of `gpu_memory_fraction` of the device's memory once the
 weights are loaded and one forward of `max_batched_tokens` tokens has run (its peak activation
@@ -51,13 +52,15 @@ def parse_device(text: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def parse_dtype(text: str, device: torch.device) -> torch.dtype:
-    """The weights' and activations' dtype: `auto` -> bfloat16 on CUDA, float32 on the CPU."""
+def parse_dtype(text: str, device: torch.device, quantized: bool = False) -> torch.dtype:
+    """The activations' (and dense weights') dtype: `auto` -> bfloat16 on CUDA, and on the CPU
+    for quantized weights (the 4-bit kernel computes in bfloat16 anyway, and only bfloat16 inputs
+    take its vectorised path), float32 for unquantized weights on the CPU."""
     t = str(text).strip().lower()
     if t not in DTYPE_CHOICES:
         raise ValueError(f"dtype {text!r} is not one of {', '.join(DTYPE_CHOICES)}")
     if t == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or quantized else torch.float32
     dtype = DTYPES[t]
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(f"{device} has no bfloat16 support; use --dtype float16")

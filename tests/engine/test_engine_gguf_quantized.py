@@ -62,12 +62,16 @@ def assert_top1_agrees_outside_ties(want: torch.Tensor, got: torch.Tensor) -> No
 
 @pytest.fixture(scope="module")
 def quantized(smollm2_folder):
-    return load_model(quantize="gguf")
+    """The default model as `corral serve` serves it on the CPU: its GGUF weights, bfloat16
+    activations (`--dtype auto`)."""
+    config = ServerConfig()
+    return load_model(quantize=config.quantization, dtype=config.torch_dtype)
 
 
 def test_default_model_is_served_quantized_on_the_cpu():
     config = ServerConfig()
-    assert config.quantization == "gguf"
+    assert (config.quantization, config.torch_dtype) == ("gguf", torch.bfloat16)
+    assert ServerConfig(quantize="none").torch_dtype == torch.float32
     assert resolve_quantize("auto", "/models/llama", torch.device("cpu")) == "none"
     with pytest.raises(ValueError, match="not one of"):
         ServerConfig(quantize="q3")
