@@ -68,7 +68,7 @@ def main() -> None:
     for q in PROMPTS:
         enc = ref.tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                                 add_generation_prompt=True)  # fmt: skip
-        prompts.append(list(enc["input_ids"] if isinstance(enc, dict) else enc))
+        prompts.append(list(enc if isinstance(enc, list) else enc["input_ids"]))
     want, got = all_rows(ref, prompts), all_rows(ours, prompts)
     p, q = torch.log_softmax(want, -1), torch.log_softmax(got, -1)
     kl = (p.exp() * (p - q)).sum(-1)
