@@ -2,12 +2,12 @@
 against the same file dequantized to float32.
 
 Bounds (stated once, used everywhere below). Per logits row, the KL divergence of the quantized
-model's next-token distribution from the float32 reference's: the int4 kernel runs in bfloat16
-(activations and block scales rounded to 8 bits), so it is a bfloat16 matmul's error on weights
-that are otherwise exact; on the default model's 3 chat prompts (~100 rows) the mean KL is 1.7e-3
-and the largest 2.3e-2; the bounds below leave about twice that room. Top-1
-must agree wherever the reference's best two logits are further apart than `MARGIN`; closer
-than that is a tie the rounding may break either way.
+model's next-token distribution from the float32 reference's. The int4 kernel runs in bfloat16
+(activations and block scales rounded to 8 bits; the weights themselves are exact), and the
+server feeds it bfloat16 activations; on the default model's chat prompts
+(`bench/quant_quality.py`, 153 rows) the mean KL is 4.7e-3 and the largest 4.0e-2 (1.4e-3 and
+2.3e-2 with float32 activations). Top-1 must agree wherever the reference's best two logits are
+further apart than `MARGIN`; closer than that is a tie the rounding may break either way.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from corral.engine.gguf_weights import GGUFRows, RefinedHead, gguf_index
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.quant import Int4Weight, Int8Weight
 
-KL_MEAN, KL_MAX = 5e-3, 5e-2  # the default model, per row
+KL_MEAN, KL_MAX = 1e-2, 1e-1  # the default model, per row: about twice what was measured
 TINY_KL_MAX = 5e-3  # the random tiny models (flatter distributions)
 MARGIN = 0.5  # logits; top-1 may differ only where the reference's top two are closer
 TIE = 0.1  # logprob; a greedy run may part from the reference only at a closer call
