@@ -38,6 +38,14 @@ def status(key):
     return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 path = sys.argv[1]
 config = ModelConfig.from_folder(ensure_converted(path, None, weights=False))
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+from corral.engine.quant import int4_from_gguf, int4_linear
+# Page in the kernels' code once (a fixed cost of the process, not of the model).
+w = int4_from_gguf(quantize(np.ones((32, 64), dtype=np.float32), QT.Q4_1), QT.Q4_1)
+int4_linear(torch.zeros(1, 64), w, None)
+del w
 gc.collect()
 before, t = status("VmRSS"), time.perf_counter()
 model = load_gguf_quantized(path, config, getattr(torch, sys.argv[2]))
