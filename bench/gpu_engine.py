@@ -28,36 +28,37 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 import traceback
 
 import torch
+from gpu_decode import part_b
+from gpu_models import (
+    SHAPES,
+    Summary,
+    engine_config,
+    llama_config,
+    loaded,
+    random_model,
+    runner_for,
+)
 from jsonschema import Draft202012Validator
 from provenance import header
 from transformers import PreTrainedTokenizerFast
 
-from corral.engine import Engine, EngineConfig, SamplingParams
+from corral.engine import Engine, SamplingParams
 from corral.engine.assets import LoadedModel
-from corral.engine.kv_pool import KVPool
 from corral.engine.model import DecoderModel
-from corral.engine.model_config import ModelConfig, RopeConfig
 from corral.engine.model_runner import ForwardBatch, ModelRunner
 from corral.fuzz.tokenizers import LLAMA3_EOS_TOKEN_IDS, LLAMA3_VOCAB_SIZE, llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
-SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head dim
-    "smoke": (256, 512, 2, 4, 2, 64),
-    "tiny": (256, 768, 4, 4, 2, 64),
-    "8b": (4096, 14336, 32, 32, 8, 128),  # Llama-3.1-8B
-}
 # bf16 keeps 8 significant bits; logits of std ~1 after ~20 roundings. CPU bf16 vs fp32 gives
 # max 0.089, mean 0.010 on the parity rows; leaving one slot out of a 130-slot decode (fp32)
 # moves its row by max 1.6, mean 0.26.
 BF16_TOL = 0.15  # max |logit diff| vs fp32; also the top-1 slack
 BF16_MEAN_TOL = 0.02  # mean |logit diff|
-WARM_STEPS = 4  # decode steps dropped per batch: Triton compiles, graph captures
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -72,85 +73,7 @@ SCHEMA = {
 PATTERN = r"(yes|no)-[0-9]{2,4}-[a-z]{1,6}"
 
 
-class Summary:
-    """Rows of the final table: (part, what, ours, reference, verdict); a False check fails."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str, str, str]] = []
-        self.failed = False
-
-    def check(self, part: str, what: str, ok: bool, ours: str, ref: str = "") -> None:
-        self.failed |= not ok
-        self.rows.append((part, what, ours, ref, "ok" if ok else "FAIL"))
-        print(f"  [{'ok' if ok else 'FAIL'}] {what}: {ours} {ref}", flush=True)
-
-    def figure(self, part: str, what: str, ours: str, ref: str, ratio: str) -> None:
-        self.rows.append((part, what, ours, ref, ratio))
-        print(f"  {what}: {ours} | {ref} | {ratio}", flush=True)
-
-    def print(self) -> None:
-        print("== summary (part, what, ours, reference, verdict or ratio)")
-        for part, what, ours, ref, verdict in self.rows:
-            print(f"{part:<2} {what:<34} {ours:<44} {ref:<30} {verdict}")
-        print(f"== {'FAILED' if self.failed else 'all checks passed'}")
-
-
 # ---- models -----------------------------------------------------------------------------------
-
-
-def llama_config(shape: str) -> ModelConfig:
-    hidden, inter, layers, heads, kv_heads, head_dim = SHAPES[shape]
-    rope = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0)  # Llama 3.1's scaling
-    return ModelConfig(
-        model_type="llama",
-        vocab_size=LLAMA3_VOCAB_SIZE,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        rope=rope,
-        bos_token_id=128000,
-        eos_token_ids=LLAMA3_EOS_TOKEN_IDS,
-    )
-
-
-def random_model(config: ModelConfig, dtype: torch.dtype, device: str, seed: int) -> DecoderModel:
-    """Weights drawn where they live: normal with std 1/sqrt(fan_in) (activations and logits keep
-    a std of about 1), norms 1."""
-    model = DecoderModel(config, dtype, device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, p.shape[1] ** -0.5, generator=gen)
-    return model
-
-
-def runner_for(model: DecoderModel) -> ModelRunner:
-    # oneDNN-packed weights are the CPU default; on CUDA there is nothing to pack
-    return ModelRunner(model, pack_weights=model.embed.device.type == "cpu")
-
-
-def loaded(runner: ModelRunner, tok, name: str) -> LoadedModel:
-    return LoadedModel(
-        runner, tok, chat_template=None, eos_token_ids=list(LLAMA3_EOS_TOKEN_IDS), name=name
-    )
-
-
-def engine_config(**fields) -> EngineConfig:
-    """KV sized by `kv_cache_bytes` on every device (the CUDA default fills the GPU instead)."""
-    return EngineConfig(gpu_memory_fraction=None, **fields)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 # ---- a. smoke test and parity -----------------------------------------------------------------
@@ -304,116 +227,6 @@ def part_a(summary: Summary, device: str, tok, tokinfo) -> None:
 
 
 # ---- b. decode throughput ---------------------------------------------------------------------
-
-
-def copy_bandwidth(device: str) -> float:
-    """Bytes per second of a device-to-device copy_, counting the read and the write."""
-    n = (4 << 30) if device == "cuda" else (128 << 20)
-    src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    times = []
-    for i in range(13):
-        sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        if i >= 3:
-            times.append(time.perf_counter() - t)
-    del src, dst
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return 2 * n / statistics.median(times)
-
-
-def weight_bytes(c: ModelConfig, batch: int, elem: int) -> int:
-    """Bytes one decode step reads: every matmul weight and norm, `batch` embedding rows."""
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    layer = (
-        c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-    )
-    layer += 2 * c.hidden_size
-    return elem * (c.num_layers * layer + (c.vocab_size + 1 + batch) * c.hidden_size)
-
-
-def decode_run(eng: Engine, prompts: list[list[int]], new: int, device: str) -> list[tuple]:
-    """(seconds, KV tokens read) of every decode-only step: all sequences have their first
-    token, and the step fed exactly one token per sequence."""
-    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
-    counts = {eng.add_request(p, params): 0 for p in prompts}
-    steps = []
-    while eng.has_unfinished():
-        decoding = all(counts.values())
-        kv_read = sum(len(prompts[0]) + c for c in counts.values() if c < new)
-        fed = eng.stats()["batched_tokens"]
-        sync(device)
-        t = time.perf_counter()
-        outs = eng.step()
-        sync(device)
-        dt = time.perf_counter() - t
-        for o in outs:
-            counts[o.request_id] += len(o.token_ids)
-        if decoding and eng.stats()["batched_tokens"] - fed == len(outs) == len(prompts):
-            steps.append((dt, kv_read))
-    if any(c != new for c in counts.values()):
-        raise RuntimeError(
-            f"expected {new} tokens per sequence, got {sorted(set(counts.values()))}"
-        )
-    return steps
-
-
-def part_b(summary: Summary, args, tok) -> None:
-    device, shape = args.device, ("8b" if args.device == "cuda" else "tiny")
-    batches = (1, 8, 64, 256) if device == "cuda" else (1, 8)
-    prompt_len, new = (128, 32) if args.quick else (512, 128)
-    if args.quick and device == "cuda":
-        batches = batches[:3]
-    dtype, c = torch.bfloat16, llama_config(shape)
-    bw = copy_bandwidth(device)
-    t = time.perf_counter()
-    runner = runner_for(random_model(c, dtype, device, seed=1))
-    slot = KVPool.slot_bytes(c.num_layers, c.num_kv_heads, c.head_dim, dtype)
-    kv_bytes = (max(batches) * (prompt_len + new) + 1024) * slot
-    eng = Engine(
-        loaded(runner, tok, f"random-llama-{shape}"),
-        engine_config(
-            kv_cache_bytes=kv_bytes,
-            max_num_seqs=max(batches),
-            max_batched_tokens=8192,
-            prefix_cache=False,
-        ),
-    )
-    print(
-        f"b. {shape} model {SHAPES[shape]} bf16 on {device}, built in "
-        f"{time.perf_counter() - t:.1f} s; KV pool {kv_bytes / 2**30:.1f} GiB; copy bandwidth "
-        f"{bw / 1e9:.0f} GB/s; prompts {prompt_len}, {new} new tokens"
-    )
-    summary.figure("b", "copy bandwidth (read + write)", f"{bw / 1e9:.0f} GB/s", "", "")
-    gen = torch.Generator().manual_seed(3)
-    start, tpot, last, prev_b = time.monotonic(), {}, None, 1
-    for b in batches:
-        spent = time.monotonic() - start
-        if last is not None and spent + last * b / prev_b > args.budget_s:
-            print(f"  budget of {args.budget_s:.0f} s: batch {b} skipped after {spent:.0f} s")
-            summary.figure("b", f"decode batch {b}: TPOT", "skipped (--budget-s)", "", "")
-            continue
-        t = time.monotonic()
-        prompts = torch.randint(0, 128000, (b, prompt_len), generator=gen).tolist()
-        steps = decode_run(eng, prompts, new, device)[WARM_STEPS:]
-        last, prev_b = time.monotonic() - t, b
-        tpot[b] = statistics.median(dt for dt, _ in steps)
-        kv_mid = statistics.median(kv for _, kv in steps)
-        roof = (weight_bytes(c, b, 2) + kv_mid * slot) / bw
-        summary.figure(
-            "b",
-            f"decode batch {b}: TPOT",
-            f"{tpot[b] * 1e3:.2f} ms, {b / tpot[b]:.0f} tok/s ({len(steps)} steps)",
-            f"roofline {roof * 1e3:.2f} ms, {b / roof:.0f} tok/s",
-            f"{roof / tpot[b]:.2f} of roofline",
-        )
-    eng.close()
-    top = 64 if 64 in tpot else max(tpot, default=1)
-    if 1 in tpot and top != 1:
-        summary.figure("b", f"TPOT({top}) / TPOT(1)", f"{tpot[top] / tpot[1]:.2f}", "", "")
 
 
 def main() -> None:

@@ -180,6 +180,11 @@ class _GGUFTensors:
         t = self.info(name)
         return dequantize_array(self.raw(name), t.qtype, t.shape, dtype)
 
+    def rows(self, name: str) -> GGUFRows:
+        """The tensor as a table read row by row from the file (`GGUFRows`)."""
+        self.used.add(name)
+        return GGUFRows(self.path, self.info(name))
+
     def info(self, name: str) -> TensorInfo:
         if name not in self.by_name:
             raise WeightLoadError(f"{self.path}: missing tensor {name!r} (Hugging Face name)")
@@ -280,13 +285,12 @@ def load_gguf_quantized(path: str | Path, config: ModelConfig, dtype: torch.dtyp
 
 def _fill(model: DecoderModel, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype) -> None:
     model.norm.copy_(src.dequantized("model.norm.weight", dtype))
-    embed = "model.embed_tokens.weight"
-    model.set_embedding(GGUFRows(src.path, src.info(embed)))
-    src.used.add(embed)
-    head = embed if c.tie_word_embeddings else "lm_head.weight"
+    embed = src.rows("model.embed_tokens.weight")
+    model.set_embedding(embed)
+    head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
     weight = _matmul(src, (head,), dtype)
-    if isinstance(weight, Int4Weight):
-        weight = RefinedHead(weight, GGUFRows(src.path, src.info(head)))
+    if isinstance(weight, Int4Weight):  # a tied head's exact rows are the embedding's
+        weight = RefinedHead(weight, embed if c.tie_word_embeddings else src.rows(head))
     model.set_lm_head(weight)
     for i, layer in enumerate(model.layers):
         _fill_layer(layer, f"model.layers.{i}.", src, c, dtype)

@@ -57,7 +57,7 @@ class MaskFiller:
     def __init__(self, vocab_size: int, device: torch.device | None = None) -> None:
         self.words = (vocab_size + 31) // 32
         self._pinned = device is not None and device.type == "cuda"
-        self._buffers: list[torch.Tensor] = []
+        self._buffers = [torch.empty(0, self.words, dtype=torch.int32) for _ in range(2)]
         self._turn = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-mask")
 
@@ -71,9 +71,7 @@ class MaskFiller:
     def _buffer(self, rows: int) -> torch.Tensor:
         if not self._pinned:
             return torch.empty(rows, self.words, dtype=torch.int32)
-        if len(self._buffers) < 2:
-            self._buffers.append(torch.empty(0, self.words, dtype=torch.int32))
-        self._turn = (self._turn + 1) % len(self._buffers)
+        self._turn = 1 - self._turn
         buf = self._buffers[self._turn]
         if buf.shape[0] < rows:  # grows to the largest step seen, in powers of two
             size = 1 << max(rows - 1, 1).bit_length()

@@ -33,10 +33,19 @@ from corral.engine.model_config import ModelConfig, RopeConfig
 from corral.engine.quant import MatmulWeight, any_linear
 
 
-def set_weight(module: nn.Module, name: str, value, shape: tuple[int, int]) -> None:
-    """Replace attribute `name` (a registered parameter, or None) by `value` of `shape`."""
+def set_weight(
+    module: nn.Module, name: str, value, shape: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """Replace attribute `name` (a registered parameter, or None) by `value` of `shape`: a dense
+    tensor becomes a parameter in `dtype`; anything else (a quantized weight, a table with
+    `lookup`) is kept as it is, and the module's matmul learns to run it (`any_linear`)."""
     if tuple(value.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {tuple(value.shape)} does not fit {tuple(shape)}")
+    if isinstance(value, torch.Tensor):
+        if not isinstance(value, nn.Parameter):
+            value = nn.Parameter(value.to(dtype), requires_grad=False)
+    else:
+        module.linear = any_linear(module.linear)
     if name in module._parameters:
         delattr(module, name)  # unregisters it, so a dense predecessor's memory is freed
     setattr(module, name, value)
@@ -153,11 +162,7 @@ class DecoderLayer(nn.Module):
 
     def set_matmul_weight(self, name: str, weight: MatmulWeight) -> None:
         """Put a dense or quantized matmul weight in place (the loader's door)."""
-        if isinstance(weight, torch.Tensor) and not isinstance(weight, nn.Parameter):
-            weight = nn.Parameter(weight.to(self.input_norm.dtype), requires_grad=False)
-        set_weight(self, name, weight, self.matmul_shape(name))
-        if not isinstance(weight, torch.Tensor):
-            self.linear = any_linear(self.linear)
+        set_weight(self, name, weight, self.matmul_shape(name), self.input_norm.dtype)
 
     def pack_weights(self, batch_hint: int) -> None:
         """Replace the dense matmul weights by oneDNN-packed copies, dropping the dense ones
@@ -237,18 +242,13 @@ class DecoderModel(nn.Module):
     def set_embedding(self, table) -> None:
         """The token embedding: a dense `[vocab, hidden]` tensor, or any table with `shape` and
         `lookup(ids, dtype)` (`gguf_weights.GGUFRows`)."""
-        shape = (self.config.vocab_size, self.config.hidden_size)
-        if isinstance(table, torch.Tensor):
-            table = nn.Parameter(table.to(self.dtype), requires_grad=False)
-        set_weight(self, "embed", table, shape)
+        c = self.config
+        set_weight(self, "embed", table, (c.vocab_size, c.hidden_size), self.dtype)
 
     def set_lm_head(self, weight: MatmulWeight) -> None:
         """The LM head (`[vocab, hidden]`), dense or quantized."""
-        if isinstance(weight, torch.Tensor) and not isinstance(weight, nn.Parameter):
-            weight = nn.Parameter(weight.to(self.dtype), requires_grad=False)
-        set_weight(self, "lm_head", weight, (self.config.vocab_size, self.config.hidden_size))
-        if not isinstance(weight, torch.Tensor):
-            self.linear = any_linear(self.linear)
+        c = self.config
+        set_weight(self, "lm_head", weight, (c.vocab_size, c.hidden_size), self.dtype)
 
     @property
     def packed(self) -> bool:

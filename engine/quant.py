@@ -34,13 +34,12 @@ from typing import TypeAlias
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
+from gguf.constants import GGML_QUANT_SIZES
 
 GROUP = 32
 """Block size of every supported GGUF type along K (Q4_K's sub-blocks are 32 too)."""
 
 SUPPORTED_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0)
-_BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q4_K: 144, QT.Q8_0: 34}
-_BLOCK_VALUES = {QT.Q4_0: 32, QT.Q4_1: 32, QT.Q4_K: 256, QT.Q8_0: 32}
 _ROW_ALIGN = 16  # the kernel tiles N by 16/32/64; a row count off that grid is refused
 _PACK_CHUNK_ROWS = 1024  # pack this many rows at a time: the int32 staging copies stay small
 
@@ -139,12 +138,13 @@ def int4_from_gguf(
         raise ValueError(
             f"GGUF type {qtype.name} has no int4 mapping; supported: {SUPPORTED_TYPES}"
         )
-    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % _BLOCK_BYTES[qtype]:
-        raise ValueError(f"expected uint8 [rows, k*{_BLOCK_BYTES[qtype]}] blocks of {qtype.name}")
+    values, nbytes = GGML_QUANT_SIZES[qtype]  # per block
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % nbytes:
+        raise ValueError(f"expected uint8 [rows, k*{nbytes}] blocks of {qtype.name}")
     n = blocks.shape[0]
     if n % _ROW_ALIGN:
         raise ValueError(f"int4 kernel needs out_features divisible by {_ROW_ALIGN}, got {n}")
-    k = blocks.shape[1] // _BLOCK_BYTES[qtype] * _BLOCK_VALUES[qtype]
+    k = blocks.shape[1] // nbytes * values
     unpack = _UNPACKERS[qtype]
 
     def chunks():

@@ -31,6 +31,7 @@ import torch
 
 from corral.engine.core import Sequence, TokenLogprob
 from corral.mask_kernels import SampleResult, SamplingTensors, apply_bitmask_, sample
+from corral.mask_kernels.params import on_device
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads the seeds of an n > 1 request's choices apart
 
@@ -116,7 +117,7 @@ def read_back(
     if top is not None:
         parts += [result.logprobs.double(), top.ids.double().reshape(-1)]
         parts.append(top.values.double().reshape(-1))
-    flat = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
+    flat = torch.cat(parts).tolist()
     n = len(specs)
     tokens = [int(t) for t in flat[:n]]
     if top is None:
@@ -136,12 +137,6 @@ def read_back(
         else:
             out.append(TokenLogprob(tokens[i], lps[i], alternatives.get(i, ())))
     return tokens, out
-
-
-def _on(dev: torch.device, values: list, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A host list as a tensor on `dev`, copied asynchronously (`torch.tensor(device=cuda)`
-    would wait for the forward pass queued before it)."""
-    return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
 
 
 def _tensors(specs: list[RowSpec], device: torch.device) -> SamplingTensors:
@@ -166,18 +161,18 @@ def _apply_penalties(logits: torch.Tensor, specs: list[RowSpec]) -> None:
     dev, dtype = logits.device, logits.dtype
     params = [specs[i].seq.params for i in rows]
     counts = _output_counts(specs, rows, logits.shape[1], dtype, dev)
-    idx = _on(dev, rows, torch.int64)
+    idx = on_device(rows, torch.int64, dev)
     sub = logits[idx]
     if any(p.repetition_penalty != 1 for p in params):
         seen = counts > 0
         for r, i in enumerate(rows):
             if params[r].repetition_penalty != 1:
                 seen[r, _prompt_ids(specs[i].seq, dev)] = True
-        rp = _on(dev, [p.repetition_penalty for p in params], dtype).unsqueeze(1)
+        rp = on_device([p.repetition_penalty for p in params], dtype, dev).unsqueeze(1)
         sub = torch.where(seen, torch.where(sub > 0, sub / rp, sub * rp), sub)
     if any(p.frequency_penalty or p.presence_penalty for p in params):
-        freq = _on(dev, [p.frequency_penalty for p in params], dtype)
-        pres = _on(dev, [p.presence_penalty for p in params], dtype)
+        freq = on_device([p.frequency_penalty for p in params], dtype, dev)
+        pres = on_device([p.presence_penalty for p in params], dtype, dev)
         sub = sub - (freq[:, None] * counts + pres[:, None] * (counts > 0).to(dtype))
     logits[idx] = sub
 
@@ -194,8 +189,8 @@ def _output_counts(
         tok_idx.extend(toks)
     counts = torch.zeros(len(rows), vocab, dtype=dtype, device=dev)
     if tok_idx:
-        ri = _on(dev, row_idx, torch.int64)
-        ti = _on(dev, tok_idx, torch.int64).clamp_(max=vocab - 1)
+        ri = on_device(row_idx, torch.int64, dev)
+        ti = on_device(tok_idx, torch.int64, dev).clamp_(max=vocab - 1)
         counts.index_put_((ri, ti), torch.ones(len(ti), dtype=dtype, device=dev), accumulate=True)
     return counts
 
@@ -204,7 +199,7 @@ def _prompt_ids(seq: Sequence, dev: torch.device) -> torch.Tensor:
     """The distinct token ids of `seq`'s prompt, made once per sequence."""
     ids = seq.seen_prompt
     if ids is None or ids.device != dev:
-        ids = seq.seen_prompt = _on(dev, sorted(set(seq.prompt_ids)), torch.int64)
+        ids = seq.seen_prompt = on_device(sorted(set(seq.prompt_ids)), torch.int64, dev)
     return ids
 
 
@@ -235,11 +230,11 @@ def _ban_early_stops(
     """EOS (unless `ignore_eos`) and stop tokens become -inf on the banned rows, except on rows
     where nothing else would be left (the grammar wins: it allows only EOS there)."""
     dev = logits.device
-    ri, ti = _on(dev, row_idx, torch.int64), _on(dev, tok_idx, torch.int64)
+    ri, ti = on_device(row_idx, torch.int64, dev), on_device(tok_idx, torch.int64, dev)
     saved = logits[ri, ti]
     logits[ri, ti] = float("-inf")
-    dead = logits[_on(dev, rows, torch.int64)].amax(dim=1) == float("-inf")
-    logits[ri, ti] = torch.where(dead[_on(dev, owner, torch.int64)], saved, logits[ri, ti])
+    dead = logits[on_device(rows, torch.int64, dev)].amax(dim=1) == float("-inf")
+    logits[ri, ti] = torch.where(dead[on_device(owner, torch.int64, dev)], saved, logits[ri, ti])
 
 
 @dataclass
@@ -261,6 +256,6 @@ def _top_logprobs(logits: torch.Tensor, specs: list[RowSpec]) -> _Top | None:
     if k == 0:
         empty = logits.new_zeros(len(want), 0)
         return _Top(want, 0, empty.long(), empty.float())
-    lp = torch.log_softmax(logits[_on(logits.device, want, torch.int64)].float(), dim=-1)
+    lp = torch.log_softmax(logits[on_device(want, torch.int64, logits.device)].float(), dim=-1)
     values, ids = lp.topk(k, dim=-1)
     return _Top(want, k, ids, values)

@@ -22,6 +22,12 @@ class SampleResult(NamedTuple):
     logprobs: torch.Tensor
 
 
+def on_device(values: list, dtype: torch.dtype | None, device: torch.device | str) -> torch.Tensor:
+    """A host list as a tensor on `device`: built on the host, then one asynchronous copy
+    (`torch.tensor(device=cuda)` would wait for every kernel queued before it, the forward)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class SamplingTensors:
     """Sampling parameters, one entry per logits row, all on the logits' device.
@@ -87,19 +93,13 @@ class SamplingTensors:
         if any(not 0.0 <= p <= 1.0 for p in min_p):
             raise ValueError("min_p must be in [0, 1]; use 0.0 to switch it off")
         sampled = [t > 0 for t in temperature]
-
-        def on_device(values: list, dtype: torch.dtype) -> torch.Tensor:
-            # Built on the host, then one asynchronous copy each: `torch.tensor(device=cuda)`
-            # would wait for every kernel queued before it (the forward pass).
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
         return cls(
-            temperature=on_device(list(temperature), torch.float32),
-            top_k=on_device(top_k, torch.int64),
-            top_p=on_device(top_p, torch.float32),
-            min_p=on_device(min_p, torch.float32),
-            seed=on_device(seed, torch.int64),
-            offset=on_device(offset, torch.int64),
+            temperature=on_device(list(temperature), torch.float32, device),
+            top_k=on_device(top_k, torch.int64, device),
+            top_p=on_device(top_p, torch.float32, device),
+            min_p=on_device(min_p, torch.float32, device),
+            seed=on_device(seed, torch.int64, device),
+            offset=on_device(offset, torch.int64, device),
             uses_top_k_or_top_p=any(
                 s and (k > 0 or p < 1.0) for s, k, p in zip(sampled, top_k, top_p, strict=True)
             ),
