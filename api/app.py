@@ -23,6 +23,7 @@ from corral.api.errors import (
 )
 from corral.api.openapi import build_openapi
 from corral.api.protocol import ChatCompletionRequest, CompletionRequest
+from corral.api.protocol_responses import ResponsesRequest
 from corral.api.responses import (
     ChatCompletion,
     Completion,
@@ -33,6 +34,7 @@ from corral.api.responses import (
 )
 from corral.api.serving_chat import create_chat_completion
 from corral.api.serving_completion import create_completion
+from corral.api.serving_responses import RESPONSE_DOC, create_response
 from corral.api.state import ServerState
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -113,6 +115,15 @@ def _add_routes(app: FastAPI) -> None:
     ) -> JSONResponse | StreamingResponse:
         return await create_completion(_state(request), body, request)
 
+    @app.post(
+        "/v1/responses",
+        dependencies=v1,
+        response_model=None,
+        responses={**_ERRORS, 200: RESPONSE_DOC},
+    )
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        return await create_response(_state(request), body, request)
+
     @app.get("/v1/models", dependencies=v1, response_model=ModelList, responses={401: _ERRORS[401]})
     async def models(request: Request) -> JSONResponse:
         return JSONResponse(dump(ModelList(data=[_card(_state(request))])))
@@ -127,11 +138,15 @@ def _add_routes(app: FastAPI) -> None:
     @app.get("/health", responses={503: {"description": "the engine cannot serve now"}})
     async def health(request: Request) -> JSONResponse:
         """200 ``{"status": "ok"}`` only while the engine can serve; else 503 with its state
-        ("starting", "restarting" or "down")."""
+        ("starting", "restarting" or "down"). Serving without a part that is configured but
+        down (the Redis cache tier) is 200 ``{"status": "degraded", "degraded": {part: why}}``."""
         state = _state(request)
         status = state.engine.health()
-        body = {"status": status, "model": state.model_name}
+        body: dict[str, Any] = {"status": status, "model": state.model_name}
         if status == "ok":
+            degraded = state.degraded()
+            if degraded:
+                body.update(status="degraded", degraded=degraded)
             return JSONResponse(body)
         return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
 

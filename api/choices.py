@@ -1,8 +1,9 @@
 """One chat choice as its engine outputs arrive: what may be shown now, and what it was in the end.
 
-Plain text streams as it comes. Tool-call output is held back until the choice finishes (its
-arguments are only complete then); in ``auto`` mode the first characters are held only while they
-could still be the start of the tool-call tag.
+Text streams as it comes, split into reasoning and content (``api.reasoning``) and, when tools
+are in play, into content and tool-call pieces (``api.tool_stream``): a call's id and name as
+soon as its opener is complete, then its arguments as they are generated. Only text that could
+still be the start of a marker (a trigger, ``</think>``) is held back until it is decided.
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ from functools import lru_cache
 from typing import Any
 
 from corral.api.outcomes import finish_reason
-from corral.api.responses import ChoiceLogprobs, TokenLogprob, TopLogprob
-from corral.api.tools import TOOL_CALL_TAG, ParsedOutput, ToolPlan, parse_output
+from corral.api.reasoning import ReasoningFormat, ReasoningSplitter
+from corral.api.responses import (
+    ChoiceLogprobs,
+    FunctionCallOut,
+    TokenLogprob,
+    ToolCallOut,
+    TopLogprob,
+)
+from corral.api.tool_stream import CallScanner, Piece
+from corral.api.tools import ToolPlan
 
 #: what a sampled token's log probability is reported as if it is not a finite number (OpenAI
 #: itself reports -9999.0 for "as good as impossible"); JSON has no -inf or NaN
@@ -48,56 +57,95 @@ class LogprobFormatter:
 
 
 @dataclass
+class Update:
+    """What one engine output made showable: free text, reasoning text, tool-call pieces, and
+    the logprobs released with the text."""
+
+    content: str = ""
+    reasoning: str = ""
+    calls: list[Piece] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class ChoiceResult:
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[ToolCallOut]
+    finish_reason: str
+
+
+@dataclass
 class ChoiceState:
-    """Accumulates one choice; ``add`` returns the text (and logprobs) that may be shown now."""
+    """Accumulates one choice through the reasoning splitter (``--reasoning-format``) and the
+    tool-call scanner (when tools are in play); streamed and non-streamed answers are both
+    built from what ``add`` takes in (the last output flushes what was held back), so they
+    cannot differ."""
 
     index: int
     plan: ToolPlan
-    text: str = ""
-    num_tokens: int = 0
+    reasoning_format: ReasoningFormat | None = None
     finish_reason: str | None = None
     logprobs: list[Any] = field(default_factory=list)
-    _shown: int = 0  # characters of `text` already released
+    content: str = ""
+    reasoning: str = ""
     _shown_lp: int = 0
-    _holding: bool = True  # undecided or tool-call output: nothing released yet
+    _splitter: ReasoningSplitter | None = field(init=False, default=None)
+    _scanner: CallScanner | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self._holding = self.plan.mode in ("auto", "required")
+        if self.reasoning_format is not None:
+            self._splitter = ReasoningSplitter(self.reasoning_format)
+        if self.plan.active:
+            self._scanner = self.plan.scanner()
 
-    def add(self, out: Any) -> tuple[str, list[Any]]:
-        self.text += out.text
-        self.num_tokens += len(out.token_ids)
+    def add(self, out: Any) -> Update:
         if out.logprobs:
             self.logprobs.extend(out.logprobs)
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
-        if self._holding and self.plan.mode == "auto" and not self._maybe_tool_call():
-            self._holding = False
-        if self._holding:
-            return "", []
-        return self._release()
+        update = self._split(out.text, final=False)
+        if self.finished:
+            tail = self._split("", final=True)
+            update.content += tail.content
+            update.reasoning += tail.reasoning
+            update.calls += tail.calls
+        if update.content:
+            update.logprobs = self.logprobs[self._shown_lp :]
+            self._shown_lp = len(self.logprobs)
+        return update
 
-    def _maybe_tool_call(self) -> bool:
-        """Still possibly a tool call: the text is a prefix of the tag or starts with it."""
-        return self.text.startswith(TOOL_CALL_TAG) or (
-            TOOL_CALL_TAG.startswith(self.text) and self.finish_reason is None
-        )
-
-    def _release(self) -> tuple[str, list[Any]]:
-        delta, lps = self.text[self._shown :], self.logprobs[self._shown_lp :]
-        self._shown, self._shown_lp = len(self.text), len(self.logprobs)
-        return delta, lps
+    def _split(self, text: str, final: bool) -> Update:
+        reasoning, answer = "", text
+        if self._splitter is not None:
+            reasoning, answer = self._splitter.finish() if final else self._splitter.feed(text)
+        calls: list[Piece] = []
+        content = answer
+        if self._scanner is not None:
+            pieces = self._scanner.feed(answer) + (self._scanner.finish() if final else [])
+            content = "".join(p.text for p in pieces)
+            calls = [p for p in pieces if not p.text]
+        self.content += content
+        self.reasoning += reasoning
+        return Update(content, reasoning, calls)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def result(self) -> tuple[ParsedOutput, str]:
-        """The final content / tool calls and the OpenAI finish reason (of a choice that ended
-        well: failed choices are raised by ``EngineCall`` before they get here)."""
-        parsed = parse_output(self.text, self.plan)
-        return parsed, finish_reason(self.finish_reason, bool(parsed.tool_calls))
-
-    def held_text(self) -> tuple[str, list[Any]]:
-        """At the end: held-back text that turned out not to be tool calls, to release as content."""
-        return self._release()
+    def result(self) -> ChoiceResult:
+        """The final content / reasoning / tool calls and the OpenAI finish reason (of a choice
+        that ended well: failed choices are raised by ``EngineCall`` before they get here).
+        A call cut off by ``max_tokens`` is returned as far as it got, with ``length``."""
+        scanned = self._scanner.calls if self._scanner is not None else []
+        calls = [
+            ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
+            for c in scanned
+        ]
+        called = bool(scanned) and all(c.complete for c in scanned) and self.finish_reason == "stop"
+        return ChoiceResult(
+            content=self.content or (None if calls else ""),
+            reasoning=self.reasoning or None,
+            tool_calls=calls,
+            finish_reason=finish_reason(self.finish_reason, called),
+        )

@@ -16,6 +16,7 @@ from corral.engine.config import EngineConfig
 from corral.paths import CACHE_DIR_ENV
 
 _GIB = 1 << 30
+_CACHE_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def parse_bytes(text: str) -> int:
@@ -84,9 +85,15 @@ class ServerConfig:
     gpu_memory_fraction: float = 0.9
     max_concurrent: int = 16
     queue_limit: int = 64
+    threads: int | None = None
+    mask_threads: int | None = None
+    mask_deadline_ms: float = 20.0
+    overlap: bool = False
     cache_dir: str | None = None
     log_level: str = "info"
     open_objects: bool = False
+    tool_call_format: str = "auto"
+    reasoning_format: str | None = None
     # Limits on what one request may send, each named in its 400 (api/limits.py; the README's
     # "Limits" table sets them beside OpenAI's). Measured on SmolLM2's tokenizer (2 CPU cores):
     # llguidance's JSON parser stops at 128 levels of nesting, so a schema document may nest
@@ -101,12 +108,15 @@ class ServerConfig:
     max_n: int = 8
     compile_workers: int = 2
     compile_deadline_s: float = 10.0
+    cache_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}")
         if self.max_concurrent < 1:
             raise ValueError(f"max concurrent requests must be >= 1, got {self.max_concurrent}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.queue_limit < 0:
             raise ValueError(f"queue limit must be >= 0, got {self.queue_limit}")
         if self.memory_bytes < 1 << 20:
@@ -131,8 +141,30 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.compile_deadline_s > 0:
             raise ValueError(f"compile deadline must be > 0 s, got {self.compile_deadline_s}")
+        from corral.api.reasoning import REASONING_FORMATS
+        from corral.api.tool_formats import FORMAT_NAMES
+
+        if self.tool_call_format not in FORMAT_NAMES:
+            raise ValueError(
+                f"tool call format must be one of {', '.join(FORMAT_NAMES)}, "
+                f"got {self.tool_call_format!r}"
+            )
+        if self.reasoning_format == "":
+            object.__setattr__(self, "reasoning_format", None)
+        if self.reasoning_format is not None and self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(
+                f"reasoning format must be one of {', '.join(REASONING_FORMATS)}, "
+                f"got {self.reasoning_format!r}"
+            )
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
+        if self.cache_url == "":
+            object.__setattr__(self, "cache_url", None)
+        if self.cache_url is not None and not self.cache_url.startswith(_CACHE_URL_SCHEMES):
+            raise ValueError(
+                f"cache URL must start with one of {', '.join(_CACHE_URL_SCHEMES)}, "
+                f"got {self.cache_url!r}"
+            )
 
     @property
     def torch_device(self):
@@ -162,6 +194,10 @@ class ServerConfig:
             kv_cache_bytes=self.memory_bytes,
             gpu_memory_fraction=self.gpu_memory_fraction,
             max_num_seqs=self.max_concurrent,
+            num_threads=self.threads,
+            mask_threads=self.mask_threads,
+            mask_grace_ms=self.mask_deadline_ms if self.mask_deadline_ms > 0 else None,
+            overlap=self.overlap,
         )
 
     @classmethod
@@ -211,6 +247,17 @@ SETTINGS: tuple[Setting, ...] = (
             "requests decoded together (default 16)"),
     Setting("queue_limit", "--queue-limit", "CORRAL_QUEUE_LIMIT", int,
             "requests allowed to wait beyond those; more get 429 + Retry-After (default 64)"),
+    Setting("threads", "--threads", "CORRAL_THREADS", int,
+            "torch threads for the engine's steps (default: the cores this process may use)"),
+    Setting("mask_threads", "--mask-threads", "CORRAL_MASK_THREADS", int,
+            "threads that fill grammar masks during the forward pass (default: --threads)"),
+    Setting("mask_deadline_ms", "--mask-deadline-ms", "CORRAL_MASK_DEADLINE_MS", float,
+            "a constrained row whose mask is not ready this long after the logits sits the "
+            "step out and runs again, instead of stalling the batch; 0: wait (default 20)"),
+    Setting("overlap", "--overlap", "CORRAL_OVERLAP", parse_bool,
+            "true: schedule step n+1 and start the model on it before step n's tokens are "
+            "read back and postprocessed (same outputs); default false (no gain measured on "
+            "the CPU)"),
     Setting("cache_dir", "--cache-dir", CACHE_DIR_ENV, str,
             "converted models and compiled constraints (default ~/.cache/corral)"),
     Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,
@@ -237,4 +284,13 @@ SETTINGS: tuple[Setting, ...] = (
             "worker processes for risky constraint compiles (default 2)"),
     Setting("compile_deadline_s", "--compile-deadline", "CORRAL_COMPILE_DEADLINE_S", float,
             "seconds a constraint compile may take; past it the request gets a 503 (default 10)"),
+    Setting("tool_call_format", "--tool-call-format", "CORRAL_TOOL_CALL_FORMAT", str,
+            "how the model writes tool calls: auto (default: from the chat template), hermes, "
+            "llama3, mistral or corral"),
+    Setting("reasoning_format", "--reasoning-format", "CORRAL_REASONING_FORMAT", str,
+            "deepseek-r1 or qwen3: a free <think> block first, returned as reasoning_content; "
+            "constraints apply after it (default: none)"),
+    Setting("cache_url", "--cache-url", "CORRAL_CACHE_URL", str,
+            "redis://host:port/db: compiled constraints shared with every replica naming the "
+            "same Redis, after memory and disk (default: none; see README, Scaling out)"),
 )  # fmt: skip

@@ -175,6 +175,9 @@ def _constraint_stats(
         elif fmt.type == "choice":
             size = sum(_text_bytes(c) + 3 for c in fmt.choice)  # quotes and a comma each
             yield fmt.param, SchemaStats(size=size, enum_values=len(fmt.choice))
+        elif fmt.type == "structural_tag":  # its schemas and strings, as one document
+            tag = {"structures": fmt.structures, "triggers": fmt.triggers, "sep": fmt.separator}
+            yield fmt.param, schema_stats(tag)
     total = SchemaStats()
     for i, tool in enumerate(tools):
         one = schema_stats(tool.function.parameters)

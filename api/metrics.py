@@ -121,6 +121,12 @@ def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
         "prefix-cache tokens pinned by running requests (0 when idle, or a leak)",
         value=s["radix_locked_tokens"],
     )
+    deferrals = CounterMetricFamily(
+        "corral_mask_deferrals",
+        "constrained rows that sat a step out because their grammar mask missed the deadline",
+    )
+    deferrals.add_metric([], float(s["mask_deferrals"]))
+    yield deferrals
 
 
 def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
@@ -131,6 +137,7 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
     )
     by_source.add_metric(["memory"], float(s["hits_memory"]))
     by_source.add_metric(["disk"], float(s["hits_disk"]))
+    by_source.add_metric(["redis"], float(s["hits_redis"]))
     by_source.add_metric(["compiled"], float(s["compiles"]))
     yield by_source
     failures = CounterMetricFamily(
@@ -155,7 +162,20 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
          "their worker (HTTP 503)", ("deadline_hits", "worker_failures")),
         ("corral_constraint_compiles_cancelled", "compiles stopped because every request "
          "waiting for them had left", ("compiles_cancelled",)),
+        ("corral_constraint_cache_redis_errors", "Redis commands of the shared cache tier that "
+         "failed or timed out (each request was served from the local tiers)", ("redis_errors",)),
+        ("corral_constraint_cache_redis_lock_waits", "misses that waited for another replica "
+         "compiling the same constraint", ("redis_lock_waits",)),
     )  # fmt: skip
+    redis = GaugeMetricFamily(
+        "corral_constraint_cache_redis_state",
+        "the shared Redis tier: 1 for its state now (off: none configured; down: degraded, "
+        "served from memory and disk)",
+        labels=["state"],
+    )
+    for state in ("off", "ok", "down"):
+        redis.add_metric([state], float(s["redis_state"] == state))
+    yield redis
 
 
 def _counters(s: Mapping[str, Any], *specs: tuple[str, str, tuple[str, ...]]) -> Iterator[Any]:

@@ -33,7 +33,7 @@ def build_openapi(app: FastAPI, served_model: str) -> dict[str, Any]:
                 ok["text/event-stream"] = _event_stream(_STREAMS[path].__name__)
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
-    for name in ("ChatCompletionRequest", "CompletionRequest"):
+    for name in ("ChatCompletionRequest", "CompletionRequest", "ResponsesRequest"):
         model = schemas.get(name, {}).get("properties", {}).get("model")
         if model is not None:
             model["enum"] = [served_model]

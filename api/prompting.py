@@ -17,11 +17,11 @@ from corral.api.protocol import (
     AssistantMessage,
     ChatCompletionRequest,
     SystemMessage,
-    Tool,
     ToolMessage,
     content_text,
 )
-from corral.api.tools import ToolPlan, history_text, tools_system_prompt
+from corral.api.tool_formats import ToolFormat, choose_format
+from corral.api.tools import ToolPlan, call_arguments, history_text
 from corral.grammar.input_checks import lone_surrogate_at
 
 _PROBE_TOOL = {
@@ -35,13 +35,20 @@ class ChatFormatter:
 
     Templates that render tools (Llama 3.1, Qwen 2.5, Hermes…) get them as ``tools=`` and the
     history's tool calls in Hugging Face's shape. Templates that ignore them (SmolLM2) get a
-    system-prompt description of the tools and tool calls written in Corral's tool-call format.
+    system-prompt description of the tools and tool calls written in the tool-call format.
+    ``tool_format``: the format calls are written in (``tool_formats.choose_format``: the
+    ``--tool-call-format`` flag, else detected from the template).
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: str | None, tool_call_format: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.native_tools = chat_template is not None and self._template_renders_tools()
+        self.tool_format: ToolFormat = choose_format(
+            chat_template, self.native_tools, tool_call_format
+        )
         self.max_token_chars = longest_token_chars(tokenizer)
 
     def _template_renders_tools(self) -> bool:
@@ -63,7 +70,7 @@ class ChatFormatter:
         )
 
     def prompt_text(self, req: ChatCompletionRequest, plan: ToolPlan) -> str:
-        """The rendered prompt, ending where the assistant's reply starts (plus the plan's suffix)."""
+        """The rendered prompt, ending where the assistant's reply starts."""
         if self.chat_template is None:
             raise bad_request(
                 "this model has no chat template; use /v1/completions with a plain prompt",
@@ -74,7 +81,7 @@ class ChatFormatter:
             check_text(content_text(m.content), f"messages[{i}].content")
         messages = [self._message(m) for m in req.messages]
         if tools and not self.native_tools:
-            messages = _with_tool_prompt(messages, tools)
+            messages = _with_tool_prompt(messages, self.tool_format.system_prompt(tools))
         native = (
             [t.model_dump(exclude_none=True) for t in tools]
             if self.native_tools and tools
@@ -86,7 +93,7 @@ class ChatFormatter:
             raise bad_request(
                 f"the chat template refused these messages: {e}", param="messages"
             ) from e
-        return text + plan.prompt_suffix
+        return text
 
     def prompt_ids(
         self, req: ChatCompletionRequest, plan: ToolPlan, max_tokens: int | None = None
@@ -117,30 +124,23 @@ class ChatFormatter:
         if not m.tool_calls:
             return {"role": "assistant", "content": text}
         if not self.native_tools:
-            return {"role": "assistant", "content": history_text(m.tool_calls, text)}
+            return {
+                "role": "assistant",
+                "content": history_text(self.tool_format, m.tool_calls, text),
+            }
         calls = [
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.function.name, "arguments": _arguments(c)},
+                "function": {"name": c.function.name, "arguments": call_arguments(c)},
             }
             for c in m.tool_calls
         ]
         return {"role": "assistant", "content": text, "tool_calls": calls}
 
 
-def _arguments(call: Any) -> Any:
-    try:
-        return json.loads(call.function.arguments or "{}")
-    except json.JSONDecodeError as e:
-        raise bad_request(
-            f"tool call {call.id}: arguments are not valid JSON ({e})", param="messages"
-        ) from e
-
-
-def _with_tool_prompt(messages: list[dict[str, Any]], tools: list[Tool]) -> list[dict[str, Any]]:
+def _with_tool_prompt(messages: list[dict[str, Any]], description: str) -> list[dict[str, Any]]:
     """Add the tools' description to the system prompt (creating one if there is none)."""
-    description = tools_system_prompt(tools)
     if messages and messages[0]["role"] == "system":
         first = dict(messages[0])
         first["content"] = (first["content"] + "\n\n" + description).strip()

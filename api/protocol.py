@@ -250,6 +250,12 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    max_reasoning_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOKENS_BOUND,
+        description="with --reasoning-format: the think block is closed after this many tokens",
+    )
     # accepted; they do not change the output
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         default=None, max_length=16, description="accepted; not stored"

@@ -124,13 +124,32 @@ class ChoiceFormat(_Format):
         return "response_format.choice"
 
 
+class StructuralTagFormat(_Format):
+    """SGLang's and vLLM's structural tag: free text, and after a trigger a tagged segment whose
+    content a JSON schema constrains (see ``grammar.structural_tag``). ``at_least_one`` and
+    ``stop_after_first`` are xgrammar's options of the same name; Corral's ``free_text: false``
+    allows segments only, joined by ``separator`` (xgrammar's ``tags_with_separator``)."""
+
+    type: Literal["structural_tag"]
+    structures: list[dict[str, Any]] = Field(min_length=1)
+    triggers: list[str] = Field(default_factory=list)
+    at_least_one: bool = False
+    stop_after_first: bool = False
+    free_text: bool = True
+    separator: str = ""
+
+    def _default_param(self) -> str:
+        return "response_format"
+
+
 ResponseFormat = Annotated[
     TextFormat
     | JsonObjectFormat
     | JsonSchemaResponseFormat
     | RegexFormat
     | GrammarFormat
-    | ChoiceFormat,
+    | ChoiceFormat
+    | StructuralTagFormat,
     Field(discriminator="type"),
 ]
 
@@ -304,6 +323,14 @@ def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
     if isinstance(fmt, GrammarFormat):
         make = ConstraintSpec.lark if fmt.syntax == "lark" else ConstraintSpec.ebnf
         return FormatSpec(make(fmt.grammar), fmt.param)
+    if isinstance(fmt, StructuralTagFormat):
+        tag = fmt.model_dump(exclude={"type"})
+        if closed or fmt._force_closed:
+            tag["structures"] = [
+                s | {"schema": close_objects(s["schema"])} if "schema" in s else s
+                for s in tag["structures"]
+            ]
+        return FormatSpec(ConstraintSpec.structural_tag_of(tag, json_format=layout), fmt.param)
     return FormatSpec(ConstraintSpec.choice(fmt.choice), fmt.param)
 
 

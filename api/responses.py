@@ -70,6 +70,9 @@ class Unenforced(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = Field(
+        default=None, description="the think block of a reasoning model (--reasoning-format)"
+    )
     refusal: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
@@ -109,6 +112,7 @@ class ToolCallDelta(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

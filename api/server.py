@@ -45,6 +45,7 @@ def build_state(config: ServerConfig) -> ServerState:
         prestart_workers=True,
         process_workers=config.compile_workers,
         compile_deadline_s=config.compile_deadline_s,
+        redis_url=config.cache_url,
     )
     compiler = CompileService(tok, cache)
     engine = AsyncEngine(
@@ -64,6 +65,7 @@ def build_state(config: ServerConfig) -> ServerState:
         compile_stats=compiler.stats,
         created=int(time.time()),
         chat_template=model.chat_template,
+        degraded=compiler.degraded,
     )
     state.extra_shutdown.append(compiler.close)
     return state

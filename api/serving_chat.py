@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from corral.api.choices import ChoiceState, LogprobFormatter
+from corral.api.choices import ChoiceState, LogprobFormatter, Update
 from corral.api.config import ServerConfig
 from corral.api.engine_call import (
     CLIENT_LEFT,
@@ -24,6 +24,7 @@ from corral.api.engine_call import (
 from corral.api.errors import ApiError, bad_request, error_events, status_of
 from corral.api.limits import check_limits
 from corral.api.protocol import ChatCompletionRequest, TextFormat
+from corral.api.reasoning import REASONING_FORMATS, ReasoningFormat
 from corral.api.request_params import check_model, sampling_params, usage
 from corral.api.response_formats import (
     FormatSpec,
@@ -48,8 +49,11 @@ from corral.api.responses import (
     now,
 )
 from corral.api.state import ServerState
+from corral.api.tool_formats import ToolFormat
+from corral.api.tool_stream import Piece
 from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
-from corral.grammar import ConstraintError
+from corral.engine.core import ReasoningBudget
+from corral.grammar import ConstraintError, ConstraintSpec
 
 ENDPOINT = "chat.completions"
 
@@ -61,15 +65,19 @@ class PreparedChat:
     constraint: Any
     plan: ToolPlan
     unenforced: list[Unenforced] | None
+    reasoning: ReasoningFormat | None = None
+
+    def choices(self, n: int) -> dict[int, ChoiceState]:
+        return {i: ChoiceState(i, self.plan, self.reasoning) for i in range(n)}
 
 
 def _plan(
-    req: ChatCompletionRequest, closed: bool, config: ServerConfig
+    req: ChatCompletionRequest, closed: bool, config: ServerConfig, tool_format: ToolFormat
 ) -> tuple[ToolPlan, FormatSpec | None]:
     """The tool plan and the response format's constraint, within the request limits (schema
     analysis: slow, run off the event loop)."""
     check_limits(req, config)
-    plan = plan_tools(req, closed)
+    plan = plan_tools(req, closed, tool_format)
     fmt = format_spec(req.response_format, closed)
     if plan.mode == "auto" and fmt is not None:
         raise bad_request(
@@ -88,30 +96,85 @@ async def prepare_chat(
     Schema analysis, rendering and tokenizing run on threads (never on the event loop); the
     compile is abandoned if the client disconnects meanwhile."""
     closed = wants_closed_objects(req.open_objects, state.config.open_objects)
-    plan, fmt = await asyncio.to_thread(_plan, req, closed, state.config)
+    tool_format = state.formatter.tool_format
+    plan, fmt = await asyncio.to_thread(_plan, req, closed, state.config, tool_format)
     limit = min(state.context_length, state.kv_capacity)
     prompt_ids = await asyncio.to_thread(state.formatter.prompt_ids, req, plan, limit)
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
     params = sampling_params(state, req, len(prompt_ids), req.token_limit(), stops)
+    reasoning = REASONING_FORMATS.get(state.config.reasoning_format or "")
+    if req.max_reasoning_tokens is not None:
+        params = replace(params, reasoning_budget=_budget(reasoning, req.max_reasoning_tokens))
+    markers = [*(tool_format.triggers if plan.active else ()), *_markers(reasoning)]
+    if params.skip_special_tokens and _special(state.tokenizer, markers):
+        params = replace(params, skip_special_tokens=False)  # the parsers must see the markers
     if plan.spec is not None:
         all_tools = req.tools or []
 
         def refused(e: ConstraintError) -> ApiError:
-            return tool_constraint_error(e, plan.tools, all_tools)
+            return tool_constraint_error(e, plan, all_tools)
 
-        if plan.calls_spec is not None:  # probed on its own (see ToolPlan.calls_spec)
-            await compile_for(state, request, plan.calls_spec, refused)
-        compiled = await compile_for(state, request, plan.spec, refused)
+        compiled = await compile_for(state, request, _reasoned(plan.spec, reasoning), refused)
         found = [(u.pointer, u.keyword, u.reason) for u in compiled.unenforced]
-        report = tool_unenforced(found + list(plan.unenforced), plan.tools, all_tools)
+        report = tool_unenforced(found, plan, all_tools)
     elif fmt is not None:
         compiled = await compile_for(
-            state, request, fmt.spec, lambda e: constraint_error(e, fmt.param)
+            state, request, _reasoned(fmt.spec, reasoning), lambda e: constraint_error(e, fmt.param)
         )
         report = unenforced_report(compiled, fmt.param)
     else:
         compiled, report = None, None
-    return PreparedChat(prompt_ids, params, compiled, plan, report)
+    return PreparedChat(prompt_ids, params, compiled, plan, report, reasoning)
+
+
+def _markers(reasoning: ReasoningFormat | None) -> list[str]:
+    return [reasoning.open, reasoning.close] if reasoning is not None else []
+
+
+def _budget(reasoning: ReasoningFormat | None, tokens: int) -> ReasoningBudget:
+    if reasoning is None:
+        raise bad_request(
+            "max_reasoning_tokens needs a reasoning model: start the server with "
+            "--reasoning-format",
+            param="max_reasoning_tokens",
+        )
+    return reasoning.budget(tokens)
+
+
+def _reasoned(spec: ConstraintSpec, reasoning: ReasoningFormat | None) -> ConstraintSpec:
+    """The constraint after the think block of a reasoning model: never dropped for it."""
+    return spec if reasoning is None else spec.after_reasoning(reasoning.open, reasoning.close)
+
+
+def _special(tokenizer: Any, markers: list[str]) -> bool:
+    """Whether any marker is one special token (dropped from the text unless kept)."""
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    for marker in markers:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and (ids[0] in special or _added_special(tokenizer, ids[0])):
+            return True
+    return False
+
+
+def _added_special(tokenizer: Any, token_id: int) -> bool:
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    token = added.get(token_id)
+    return bool(token is not None and getattr(token, "special", False))
+
+
+async def chat_updates(
+    prep: PreparedChat, call: EngineCall, n: int
+) -> AsyncIterator[tuple[ChoiceState, Update]]:
+    """Run a prepared chat request: each choice's updates as its engine outputs arrive.
+
+    The one loop behind streamed and non-streamed chat answers (and any endpoint built on chat,
+    such as ``/v1/responses``): content, reasoning and tool-call pieces in order; a choice's
+    last update has ``state.finished`` set, and ``state.result()`` is then its final answer.
+    Raises ``GenerationFailed`` for a failed choice (see ``EngineCall.outputs``)."""
+    choices = prep.choices(n)
+    async for out in call.outputs():
+        c = choices[out.index]
+        yield c, c.add(out)
 
 
 async def create_chat_completion(
@@ -137,11 +200,11 @@ async def _complete(
     call: EngineCall,
     request: Request,
 ) -> JSONResponse:
-    choices = {i: ChoiceState(i, prep.plan) for i in range(req.n)}
+    choices: dict[int, ChoiceState] = {}
     watcher = asyncio.create_task(watch_disconnect(request, [call]))
     try:
-        async for out in call.outputs():
-            choices[out.index].add(out)
+        async for c, _ in chat_updates(prep, call, req.n):
+            choices[c.index] = c
     finally:
         watcher.cancel()
         await call.close()
@@ -150,7 +213,7 @@ async def _complete(
         id=new_id("chatcmpl-"),
         created=now(),
         model=state.model_name,
-        choices=[_final_choice(c, lp) for c in choices.values()],
+        choices=[_final_choice(choices[i], lp) for i in sorted(choices)],
         usage=usage(call),
         unenforced=prep.unenforced,
     )
@@ -158,10 +221,14 @@ async def _complete(
 
 
 def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
-    parsed, finish = c.result()
-    message = ChatMessageOut(content=parsed.content, tool_calls=parsed.tool_calls or None)
-    logprobs = lp.content(c.logprobs) if lp is not None and not parsed.tool_calls else None
-    return ChatChoice(index=c.index, message=message, finish_reason=finish, logprobs=logprobs)
+    r = c.result()
+    message = ChatMessageOut(
+        content=r.content, reasoning_content=r.reasoning, tool_calls=r.tool_calls or None
+    )
+    logprobs = lp.content(c.logprobs) if lp is not None and not r.tool_calls else None
+    return ChatChoice(
+        index=c.index, message=message, finish_reason=r.finish_reason, logprobs=logprobs
+    )
 
 
 async def _stream(
@@ -173,20 +240,14 @@ async def _stream(
 ) -> AsyncIterator[str]:
     chunks = _ChunkMaker(state.model_name, prep.unenforced)
     lp = LogprobFormatter(state.tokenizer, req.top_logprobs or 0) if req.logprobs else None
-    choices = {i: ChoiceState(i, prep.plan) for i in range(req.n)}
     status = CLIENT_LEFT  # unless the stream reaches its end
+    first = None if prep.plan.active else ""  # tool calls: content stays null unless text comes
     try:
-        for i in choices:
-            yield chunks.sse(i, Delta(role="assistant", content=""))
-        async for out in call.outputs():
-            c = choices[out.index]
-            text, lps = c.add(out)
-            if text:
-                logprobs = lp.content(lps) if lp is not None else None
-                yield chunks.sse(c.index, Delta(content=text), logprobs=logprobs)
-            if c.finished:
-                for event in _finish_events(chunks, c):
-                    yield event
+        for i in range(req.n):
+            yield chunks.sse(i, Delta(role="assistant", content=first))
+        async for c, update in chat_updates(prep, call, req.n):
+            for event in _update_events(chunks, c, update, lp):
+                yield event
         if req.stream_options is not None and req.stream_options.include_usage:
             yield chunks.usage_sse(usage(call))
         yield "data: [DONE]\n\n"
@@ -200,26 +261,36 @@ async def _stream(
         admitted.end(status)
 
 
-def _finish_events(chunks: _ChunkMaker, c: ChoiceState) -> list[str]:
-    parsed, finish = c.result()
+def _update_events(
+    chunks: _ChunkMaker, c: ChoiceState, update: Update, lp: LogprobFormatter | None
+) -> list[str]:
     events = []
-    if parsed.tool_calls:
-        for k, call in enumerate(parsed.tool_calls):
-            delta = ToolCallDelta(
-                index=k,
-                id=call.id,
-                type="function",
-                function=FunctionCallDelta(
-                    name=call.function.name, arguments=call.function.arguments
-                ),
-            )
-            events.append(chunks.sse(c.index, Delta(tool_calls=[delta])))
-    else:
-        held, _ = c.held_text()
-        if held:
-            events.append(chunks.sse(c.index, Delta(content=held)))
-    events.append(chunks.sse(c.index, Delta(), finish_reason=finish))
+    if update.reasoning:
+        events.append(chunks.sse(c.index, Delta(reasoning_content=update.reasoning)))
+    if update.content:
+        logprobs = lp.content(update.logprobs) if lp is not None else None
+        events.append(chunks.sse(c.index, Delta(content=update.content), logprobs=logprobs))
+    if update.calls:
+        events.append(chunks.sse(c.index, Delta(tool_calls=_call_deltas(update.calls))))
+    if c.finished:
+        events.append(chunks.sse(c.index, Delta(), finish_reason=c.result().finish_reason))
     return events
+
+
+def _call_deltas(pieces: list[Piece]) -> list[ToolCallDelta]:
+    """Tool-call deltas, one per call: its start (id, type and name) and/or its new arguments."""
+    deltas: list[ToolCallDelta] = []
+    for p in pieces:
+        if deltas and deltas[-1].index == p.index:
+            deltas[-1].function.arguments += p.arguments
+        elif p.name is not None:
+            function = FunctionCallDelta(name=p.name, arguments=p.arguments)
+            deltas.append(ToolCallDelta(index=p.index, id=p.id, type="function", function=function))
+        else:
+            deltas.append(
+                ToolCallDelta(index=p.index, function=FunctionCallDelta(arguments=p.arguments))
+            )
+    return deltas
 
 
 class _ChunkMaker:

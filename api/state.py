@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +58,8 @@ class ServerState:
     """The served model and the services around it.
 
     ``engine`` is a started-on-lifespan ``AsyncEngine``; ``compile_fn`` awaits a compiled
-    constraint (raising ``ConstraintError``). Prompt + max_tokens must fit both the model's
+    constraint (raising ``ConstraintError``); ``degraded`` names the parts that do not work
+    now though the server still serves (``/health``: a Redis cache tier that is down). Prompt + max_tokens must fit both the model's
     ``context_length`` and the KV cache's ``kv_capacity`` (tokens).
     """
 
@@ -76,8 +77,11 @@ class ServerState:
     created: int = 0
     chat_template: str | None = None
     extra_shutdown: list[Any] = field(default_factory=list)
+    degraded: Callable[[], dict[str, str]] = field(default=lambda: {})
 
     def __post_init__(self) -> None:
-        self.formatter = ChatFormatter(self.tokenizer, self.chat_template)
+        self.formatter = ChatFormatter(
+            self.tokenizer, self.chat_template, self.config.tool_call_format
+        )
         self.admission = Admission(self.config.max_concurrent, self.config.queue_limit)
         self.metrics = ServerMetrics(self.engine.stats, self.compile_stats, self.admission.stats)

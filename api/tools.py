@@ -1,24 +1,22 @@
-"""Function calling: the tool-call text format, its constraint, and parsing it back.
+"""Function calling: a request's tools as a structural tag in the served model's format.
 
-Corral's tool-call format (used whatever the chat template, so one constraint fits all models):
+The format (``api.tool_formats``: Hermes/Qwen, Llama 3 JSON, Mistral, or Corral's generic one)
+gives each function a call opener; the constraint is a structural tag whose structures are
+``opener + the function's parameters + end``, so every call the model starts is constrained to
+the named function's ``parameters`` (strict analysis, the compiled-constraint cache, errors
+that name ``tools[i].function.parameters``):
 
-    <tool_call>[{"name": "get_weather", "parameters": {"city": "Paris"}}]
-
-``name`` is one of the request's functions and ``parameters`` validates against that function's
-JSON schema; the array holds one call per element (exactly one when ``parallel_tool_calls`` is
-false). The key is ``parameters``, not ``arguments``, so that a canonical (sorted-key) schema
-still puts ``name`` first and the model picks the function before writing its arguments.
-
-- ``required`` / a named function: the generation prompt ends with ``<tool_call>`` and the output
-  is constrained by the JSON schema of the call array (strict analysis, cache, clear errors).
-- ``auto``: a Lark grammar lets the model write either plain text that does not start with
-  ``<tool_call>``, or ``<tool_call>`` followed by the call array.
+- ``auto``: free text (without the format's triggers) and calls, interleaved; with
+  ``parallel_tool_calls: false`` the output ends after the first call.
+- ``required`` / a named function: calls only, at least one (exactly one when
+  ``parallel_tool_calls`` is false or a function is named).
 - ``none``: no tools reach the prompt, nothing is constrained by them.
 
-Copies: `calls_schema` embeds each tool's `parameters` (or `close_objects` of it, which shares
-subtrees) without copying; the result goes only to `ConstraintSpec.json_schema` (serialised) or
-`analyze_schema` (read-only), so the request's tool schemas, which the chat template also renders,
-are never changed.
+Calls are read back by ``api.tool_stream.CallScanner`` with the same openers.
+
+Copies: each tool's ``parameters`` (or ``close_objects`` of it, which shares subtrees) goes only
+to ``ConstraintSpec.structural_tag_of``, which serialises it; the request's tool schemas, which
+the chat template also renders, are never changed.
 """
 
 from __future__ import annotations
@@ -30,11 +28,12 @@ from typing import Any
 
 from corral.api.errors import ApiError, bad_request, constraint_error
 from corral.api.protocol import ChatCompletionRequest, NamedToolChoice, Tool
-from corral.api.responses import FunctionCallOut, ToolCallOut, Unenforced, new_id
+from corral.api.responses import Unenforced
+from corral.api.tool_formats import GENERIC, ToolFormat
+from corral.api.tool_stream import CallScanner
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat
 from corral.grammar.schema_close import close_objects
 
-TOOL_CALL_TAG = "<tool_call>"
 #: Tool-call JSON is laid out like ``json.dumps`` (", " and ": "), as in the prompt and history.
 TOOL_JSON_FORMAT = JsonFormat.python_default()
 
@@ -44,37 +43,64 @@ class ToolPlan:
     """How one request uses its tools.
 
     ``mode``: ``"none"``, ``"auto"`` or ``"required"`` (a named function is ``required`` with a
-    single tool). ``tools``: the functions the output may call. ``prompt_suffix`` goes after the
-    generation prompt. ``spec``: the constraint of the whole output (None for ``none``).
-    ``calls_spec`` (``auto`` only): the call array on its own, compiled before ``spec`` so that
-    its compile-time probe runs: the probe of ``spec`` walks the free-text branch, and a call
-    schema past a backend limit must be a 400, not a failure once the model starts a call.
+    single tool). ``tools``: the functions the output may call; ``structure_tools[i]``: the
+    index in ``tools`` of the structural tag's structure ``i``. ``spec``: the constraint of the
+    whole output (None for ``none``).
     """
 
     mode: str
     tools: tuple[Tool, ...]
-    prompt_suffix: str
-    spec: ConstraintSpec | None
-    unenforced: tuple[tuple[str, str, str], ...] = ()
-    calls_spec: ConstraintSpec | None = None
+    format: ToolFormat = GENERIC
+    spec: ConstraintSpec | None = None
+    structure_tools: tuple[int, ...] = ()
 
     @property
     def active(self) -> bool:
         return self.mode != "none"
 
+    def scanner(self) -> CallScanner:
+        """A fresh reader of one choice's output under this plan."""
+        begins = {
+            b: t.function.name for t in self.tools for b in self.format.begins(t.function.name)
+        }
+        return CallScanner(begins, self.format.triggers, self.format.end, self.mode == "required")
 
-def plan_tools(req: ChatCompletionRequest, closed: bool = True) -> ToolPlan:
+
+def plan_tools(
+    req: ChatCompletionRequest, closed: bool = True, fmt: ToolFormat = GENERIC
+) -> ToolPlan:
     """The tool plan of a request; ``none`` when it has no tools. Raises a 400 ``ApiError``.
 
     ``closed``: arguments get only the declared properties where a parameters schema is
     silent about extra keys (see ``grammar.schema_close``)."""
     choice = req.tool_choice or ("auto" if req.tools else "none")
     if not req.tools or choice == "none":
-        return ToolPlan("none", (), "", None)
+        return ToolPlan("none", ())
+    tools = _in_play(req, choice)
+    mode = "auto" if choice == "auto" else "required"
+    parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
+    structures, owners = [], []
+    for k, t in enumerate(tools):
+        params = close_objects(t.function.parameters) if closed else t.function.parameters
+        for begin in fmt.begins(t.function.name):
+            structures.append({"begin": begin, "schema": params, "end": fmt.end})
+            owners.append(k)
+    tag = {
+        "structures": structures,
+        "triggers": list(fmt.triggers),
+        "at_least_one": mode == "required",
+        "stop_after_first": not parallel,
+        "free_text": mode == "auto",
+        "separator": fmt.separator,
+    }
+    # lenient only when every function in play asked for it (strict: false)
+    strict = any(t.function.strict is not False for t in tools)
+    plan = ToolPlan(mode, tools, fmt, None, tuple(owners))
     try:
-        return _plan(req, choice, closed)
+        spec = ConstraintSpec.structural_tag_of(tag, strict=strict, json_format=TOOL_JSON_FORMAT)
     except ConstraintError as e:
-        raise tool_constraint_error(e, _in_play(req, choice), req.tools) from e
+        raise tool_constraint_error(e, plan, req.tools or []) from e
+    return ToolPlan(mode, tools, fmt, spec, tuple(owners))
 
 
 def _in_play(req: ChatCompletionRequest, choice: Any) -> tuple[Tool, ...]:
@@ -84,177 +110,51 @@ def _in_play(req: ChatCompletionRequest, choice: Any) -> tuple[Tool, ...]:
     return tools
 
 
-def _plan(req: ChatCompletionRequest, choice: Any, closed: bool) -> ToolPlan:
-    tools = _in_play(req, choice)
-    # lenient only when every function in play asked for it (strict: false)
-    strict = any(t.function.strict is not False for t in tools)
-    parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
-    schema = calls_schema(tools, parallel, closed)
-    calls = ConstraintSpec.json_schema(schema, strict=strict, json_format=TOOL_JSON_FORMAT)
-    if choice == "auto":
-        spec, unenforced = _auto_spec(schema, strict)
-        return ToolPlan("auto", tools, "", spec, unenforced, calls_spec=calls)
-    return ToolPlan("required", tools, TOOL_CALL_TAG, calls)
+_STRUCTURE = re.compile(r"^/structures/(\d+)/schema(?=/|$)")
 
 
-def calls_schema(tools: tuple[Tool, ...], parallel: bool, closed: bool = True) -> dict[str, Any]:
-    """The JSON schema of the call array: each item is one of the functions with its schema."""
-    branches = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": t.function.name},
-                "parameters": (
-                    close_objects(t.function.parameters) if closed else t.function.parameters
-                ),
-            },
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    items = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    schema: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
-
-
-_BRANCH = re.compile(r"^/items(?:/anyOf/(\d+))?/properties/parameters(?=/|$)")
-
-
-def tool_param(pointer: str, tools: tuple[Tool, ...], all_tools: list[Tool]) -> tuple[str, str]:
-    """A pointer into the combined call schema -> (``tools[i].function.parameters``, pointer)."""
-    m = _BRANCH.match(pointer)
+def tool_param(pointer: str, plan: ToolPlan, all_tools: list[Tool]) -> tuple[str, str]:
+    """A pointer into the structural tag -> (``tools[i].function.parameters``, pointer)."""
+    m = _STRUCTURE.match(pointer)
     if not m:
         return "tools", pointer
-    name = tools[int(m.group(1) or 0)].function.name
+    name = plan.tools[plan.structure_tools[int(m.group(1))]].function.name
     index = next(i for i, t in enumerate(all_tools) if t.function.name == name)
     return f"tools[{index}].function.parameters", pointer[m.end() :]
 
 
-def tool_constraint_error(
-    e: ConstraintError, tools: tuple[Tool, ...], all_tools: list[Tool]
-) -> ApiError:
-    """A compile error of the combined call schema, reported against the function's schema."""
-    param, pointer = tool_param(e.pointer, tools, all_tools)
+def tool_constraint_error(e: ConstraintError, plan: ToolPlan, all_tools: list[Tool]) -> ApiError:
+    """A compile error of the tools' structural tag, reported against the function's schema."""
+    param, pointer = tool_param(e.pointer, plan, all_tools)
     return constraint_error(e, param, pointer)
 
 
 def tool_unenforced(
-    items: list[tuple[str, str, str]], tools: tuple[Tool, ...], all_tools: list[Tool]
+    items: list[tuple[str, str, str]], plan: ToolPlan, all_tools: list[Tool]
 ) -> list[Unenforced] | None:
-    """Lenient mode's report with pointers into the functions' own schemas."""
-    out = []
+    """Lenient mode's report with pointers into the functions' own schemas. A function used by
+    several structures (a format with two openers) is reported once per keyword."""
+    out, seen = [], set()
     for pointer, keyword, reason in items:
-        param, local = tool_param(pointer, tools, all_tools)
-        out.append(Unenforced(pointer=local, keyword=keyword, reason=reason, param=param))
+        param, local = tool_param(pointer, plan, all_tools)
+        if (param, local, keyword) not in seen:
+            seen.add((param, local, keyword))
+            out.append(Unenforced(pointer=local, keyword=keyword, reason=reason, param=param))
     return out or None
 
 
-def _auto_spec(
-    schema: dict[str, Any], strict: bool
-) -> tuple[ConstraintSpec, tuple[tuple[str, str, str], ...]]:
-    """Lark: plain text not starting with the tag, or the tag and the call array.
-
-    The call schema goes through Corral's schema analysis first (fail closed in strict mode,
-    rewritten into forms the backend enforces exactly) and is then embedded with ``%json``.
-    """
-    from corral.grammar.schema_analysis import analyze_schema
-
-    plan = analyze_schema(schema, lenient=not strict)
-    embedded = dict(plan.schema) | {"x-guidance": _guidance_options()}
-    tag = json.dumps(TOOL_CALL_TAG)
-    lark = "\n".join(
-        [
-            "start: TEXT | calls",
-            rf"TEXT: /(?s:.*)/ & ~/{re.escape(TOOL_CALL_TAG)}(?s:.*)/",
-            f"calls: {tag} %json {json.dumps(embedded)}",
-        ]
-    )
-    return ConstraintSpec.lark(lark), tuple(
-        (u.pointer, u.keyword, u.reason) for u in plan.unenforced
-    )
+def history_text(fmt: ToolFormat, tool_calls: list[Any], content: str) -> str:
+    """An assistant turn's tool calls as the model would have written them (for templates that
+    do not render tool calls themselves)."""
+    calls = [(call.function.name, call_arguments(call)) for call in tool_calls]
+    return content + fmt.render_calls(calls)
 
 
-def _guidance_options() -> dict[str, Any]:
-    from corral.grammar.backend_llguidance import json_options
-
-    return json_options(TOOL_JSON_FORMAT)
-
-
-@dataclass(frozen=True)
-class ParsedOutput:
-    """What an assistant turn said: text, tool calls, or (if unparsable) the raw text."""
-
-    content: str | None
-    tool_calls: list[ToolCallOut]
-
-
-def parse_output(text: str, plan: ToolPlan) -> ParsedOutput:
-    """Split generated text into content and tool calls according to the plan.
-
-    In ``required`` mode the tag was part of the prompt, so the text is the bare array. Text that
-    does not parse (cut by ``max_tokens`` or a stop string) is returned as content.
-    """
-    if plan.mode == "required":
-        body = text
-    elif plan.mode == "auto" and text.startswith(TOOL_CALL_TAG):
-        body = text[len(TOOL_CALL_TAG) :]
-    else:
-        return ParsedOutput(text, [])
-    calls = _calls(body, {t.function.name for t in plan.tools})
-    return ParsedOutput(None, calls) if calls else ParsedOutput(text, [])
-
-
-def _calls(body: str, names: set[str]) -> list[ToolCallOut]:
+def call_arguments(call: Any) -> Any:
+    """A history tool call's arguments as JSON data; a 400 when they are not JSON."""
     try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
-        return []
-    if not isinstance(data, list):
-        return []
-    calls = []
-    for item in data:
-        if not (isinstance(item, dict) and item.get("name") in names):
-            return []
-        args = json.dumps(item.get("parameters", {}), ensure_ascii=False)
-        calls.append(
-            ToolCallOut(
-                id=new_id("call_"), function=FunctionCallOut(name=item["name"], arguments=args)
-            )
-        )
-    return calls
-
-
-def history_text(tool_calls: list[Any], content: str) -> str:
-    """An assistant turn's tool calls as the model would have written them (non-native templates)."""
-    calls = []
-    for call in tool_calls:
-        try:
-            params = json.loads(call.function.arguments or "{}")
-        except json.JSONDecodeError as e:
-            raise bad_request(
-                f"tool call {call.id}: arguments are not valid JSON ({e})", param="messages"
-            ) from e
-        calls.append({"name": call.function.name, "parameters": params})
-    return content + TOOL_CALL_TAG + json.dumps(calls, ensure_ascii=False)
-
-
-def tools_system_prompt(tools: list[Tool]) -> str:
-    """A system-prompt description of the tools, for templates that ignore ``tools``."""
-    listing = [
-        {
-            "name": t.function.name,
-            "description": t.function.description or "",
-            "parameters": t.function.parameters,
-        }
-        for t in tools
-    ]
-    return (
-        "You can call these functions (parameters are JSON Schema):\n"
-        + json.dumps(listing, ensure_ascii=False)
-        + f"\nTo call functions, reply with {TOOL_CALL_TAG} followed by a JSON array of calls, "
-        f'like {TOOL_CALL_TAG}[{{"name": "function_name", "parameters": {{...}}}}]. '
-        "Otherwise reply normally."
-    )
+        return json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError as e:
+        raise bad_request(
+            f"tool call {call.id}: arguments are not valid JSON ({e})", param="messages"
+        ) from e

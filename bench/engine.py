@@ -21,7 +21,9 @@ Prints, for each figure, ours, the peer's (or the reference run's) and the ratio
    system prompt asking for one JSON object matching the schema (given in full), and a user
    message asking for the function's arguments; the same requests, greedy, in both runs, and
    the outputs must be identical. A pass is counted once per sequence per model forward it
-   takes part in (prefill chunks included), over all output tokens.
+   takes part in (prefill chunks included), over all output tokens;
+5. TPOT with overlap scheduling (`EngineConfig.overlap`) vs without at batch 8 and 32, the
+   outputs compared token for token.
 
 Constrained figures compile each schema as the server does by default, with closed objects
 (README, "Closed objects"); `--open-objects` compiles them as given. Outputs that end with
@@ -35,6 +37,7 @@ import json
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -163,23 +166,30 @@ def json_request(tok, name: str, schema: dict) -> list[int]:
     return list(enc["input_ids"] if not isinstance(enc, list) else enc)
 
 
-def tpot(model, prompts, params, constraints, jump_forward: bool = True) -> tuple[float, list[int]]:
+def tpot(
+    model, prompts, params, constraints, jump_forward: bool = True, ids=None, **config
+) -> tuple[float, list[int]]:
     """(mean time per output token after the first, over the batch's sequences; the number of
-    tokens each sequence produced). ``params``: one SamplingParams per prompt."""
-    eng = Engine(model, engine_config(jump_forward=jump_forward))
+    tokens each sequence produced). ``params``: one SamplingParams per prompt. ``ids``: a list
+    to append each sequence's output token ids to. ``config``: EngineConfig overrides."""
+    eng = Engine(model, engine_config(jump_forward=jump_forward, **config))
     rids = [
         eng.add_request(p, sp, c) for p, sp, c in zip(prompts, params, constraints, strict=True)
     ]
-    first, last, count = {}, {}, dict.fromkeys(rids, 0)
+    first, last, count, outputs = {}, {}, dict.fromkeys(rids, 0), {}
     while eng.has_unfinished():
         outs = eng.step()
         now = time.perf_counter()
         for o in outs:
+            if ids is not None:
+                outputs.setdefault(o.request_id, []).extend(o.token_ids)
             if o.token_ids:
                 first.setdefault(o.request_id, now)
                 last[o.request_id] = now
                 count[o.request_id] += len(o.token_ids)
     eng.close()
+    if ids is not None:
+        ids += [outputs.get(r, []) for r in rids]
     per = [(last[r] - first[r]) / (count[r] - 1) for r in rids if count[r] > 1]
     return sum(per) / len(per), [count[r] for r in rids]
 
@@ -259,7 +269,7 @@ def _valid(text: str, schema: dict) -> bool:
     return Draft202012Validator(schema).is_valid(instance)
 
 
-PARTS = ("throughput", "tpot", "ttft", "jump-forward")
+PARTS = ("throughput", "tpot", "ttft", "jump-forward", "overlap")
 
 
 def throughput_figures(model, tok, new_tokens: int) -> None:
@@ -307,6 +317,34 @@ def tpot_figures(model, tok, tokinfo, new_tokens: int) -> None:
         ours = statistics.median(runs[key])
         ratio = statistics.median(ratios)
         row(f"TPOT batch 8, {label} (ms)", ours * 1e3, free * 1e3, "ms", "unconstr.", ratio)
+
+
+def overlap_figures(model, tok, new_tokens: int) -> None:
+    """TPOT with overlap scheduling vs without, at batch 8 and 32 (32 seats), greedy with
+    ignore_eos; runs interleaved in pairs, each on a thread of its own (as the server's engine
+    thread), and the outputs must be identical."""
+    params = SamplingParams(max_tokens=new_tokens * 2, temperature=0, ignore_eos=True)
+    with ThreadPoolExecutor(max_workers=1) as stepper:
+        for b in (8, 32):
+            prompts = [chat(tok, QUESTIONS[i % len(QUESTIONS)] + f" (#{i})") for i in range(b)]
+            runs: dict[bool, list[float]] = {False: [], True: []}
+            got: dict[bool, list] = {False: [], True: []}
+            for _ in range(TPOT_REPEATS):
+                for overlap in (False, True):
+                    ids: list = []
+                    run = stepper.submit(
+                        tpot, model, prompts, [params] * b, [None] * b, True, ids,
+                        overlap=overlap, max_num_seqs=32,
+                    )  # fmt: skip
+                    runs[overlap].append(run.result()[0])
+                    got[overlap] = ids
+            same = "identical" if got[False] == got[True] else "DIFFERENT"
+            ratios = [on / off for on, off in zip(runs[True], runs[False], strict=True)]
+            on, off = statistics.median(runs[True]), statistics.median(runs[False])
+            label = f"TPOT batch {b}, overlap on (ms)"
+            row(label, on * 1e3, off * 1e3, "ms", "off", statistics.median(ratios))
+            print(f"  per-run on/off: {[round(r, 3) for r in ratios]}; outputs {same}")
+    print("  overlap runs: max_num_seqs=32; other fields: server's")
 
 
 def ttft_figures(model, tok) -> None:
@@ -360,6 +398,8 @@ def main() -> None:
         ttft_figures(model, tok)
     if CORPUS.exists() and "jump-forward" in parts:
         jump_forward_figures(model, tok, glaive_schemas(tokinfo, 50), 64 if args.quick else 128)
+    if "overlap" in parts:
+        overlap_figures(model, tok, new_tokens)
     sys.stdout.flush()
 
 

@@ -17,7 +17,9 @@
 #      tests/engine/test_engine_kv_pool.py, tests/engine/test_engine_cuda.py (the engine on CUDA:
 #      weights, KV sizing, a mixed batch, no host sync before the step's one read-back);
 #   3. bench/gpu_engine.py --device cuda: engine smoke test, bf16 logits parity, decode
-#      throughput of a random Llama-3.1-8B-shaped model vs the HBM roofline;
+#      throughput of a random Llama-3.1-8B-shaped model vs the HBM roofline, and at batch 64
+#      every row constrained vs unconstrained (TPOT, rows deferred by the mask deadline);
+#      (CUDA graphs and the overlap loop are not built yet: nothing of theirs to compare);
 #   4. bench/kernels.py --device cuda, the mask-kernel grid, cut to the time left (--budget-s);
 #   then one summary table: each step's exit status, time and key numbers.
 # Everything goes to $OUT/gpu_check.log when $OUT is set (the device runner's output folder),

@@ -1,4 +1,4 @@
-"""The ``corral`` command: ``serve``, ``cache`` and ``fuzz`` sub-commands.
+"""The ``corral`` command: ``serve``, ``fleet``, ``cache`` and ``fuzz`` sub-commands.
 
 Each package registers its own sub-commands; this module only wires them together, importing
 each lazily so that ``corral cache stats`` does not load the model server.
@@ -18,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     from corral.cli_serve import add_serve_command
 
     add_serve_command(sub)
+    from corral.cli_fleet import add_fleet_command
+
+    add_fleet_command(sub)
     from corral.cli_cache import add_cache_commands
 
     add_cache_commands(sub)

@@ -89,6 +89,12 @@ def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--draws", type=int, default=8, help="instances drawn from each schema")
     p.add_argument("--mutations", type=int, default=16, help="invalid mutants per schema")
     p.add_argument("--no-shrink", action="store_true", help="save findings as found")
+    p.add_argument(
+        "--differential",
+        action="store_true",
+        help="also walk every pair of in-process targets in lockstep along the valid instances "
+        "and judge each token one mask allows and the other forbids (complete it, validate)",
+    )
     p.add_argument("--slow-compile", type=float, default=2.0, metavar="SECONDS")
     p.add_argument("--slow-mask", type=float, default=50.0, metavar="MS")
     p.add_argument(
@@ -106,6 +112,14 @@ def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
         "--rate", type=float, default=0.0, help="requests per second per URL (0: no limit)"
     )
     p.add_argument("--samples", type=int, default=2, help="completions per schema per URL")
+    p.add_argument(
+        "--via",
+        choices=("response_format", "tools"),
+        default="response_format",
+        help="how URL targets are constrained: response_format json_schema (the content is "
+        "judged), or tools: the schema is the parameters of the function tool_choice names "
+        "(the call's arguments are judged) (default: %(default)s)",
+    )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--out", default="fuzz-findings", help="folder for reproducers ('' for none)")
     p.add_argument("--json", dest="json_path", metavar="FILE", help="write the report as JSON")
@@ -123,6 +137,7 @@ def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
 def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
     from corral.fuzz.casework import CaseConfig
     from corral.fuzz.corpus import corpus_files
+    from corral.fuzz.differential import DiffConfig
     from corral.fuzz.http_target import HttpConfig
     from corral.fuzz.runner import FuzzConfig, is_url
     from corral.fuzz.targets import check_target_name
@@ -141,7 +156,10 @@ def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
         eos = tuple(int(x) for x in args.eos.split(","))
         tokenizer = TokenizerSpec(args.tokenizer, args.vocab_size, eos)
     count, seconds = args.budget
+    if args.differential and sum(not is_url(t) for t in targets) < 2:
+        raise ValueError("--differential compares masks: give two or more in-process targets")
     case = CaseConfig(
+        differential=DiffConfig() if args.differential else None,
         walks=args.walks,
         draws=args.draws,
         mutations=args.mutations,
@@ -157,6 +175,7 @@ def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
         samples=args.samples,
         max_tokens=args.max_tokens,
         timeout_s=max(args.timeout, 30.0),
+        via=args.via,
     )
     return FuzzConfig(
         targets=targets,

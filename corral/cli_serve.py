@@ -7,19 +7,24 @@ import argparse
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     """Register ``corral serve``; every flag also reads its environment variable."""
-    from corral.api.config import SETTINGS
-
     p = subparsers.add_parser(
         "serve",
         help="serve a model behind an OpenAI-compatible API",
         description="Serve a model behind an OpenAI-compatible API (chat, completions, "
         "response_format, tools). Each flag falls back to its environment variable.",
     )
+    add_server_flags(p)
+    p.set_defaults(handler=_run)
+
+
+def add_server_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``SETTINGS`` entry, None when not given (`corral serve` and `corral fleet`)."""
+    from corral.api.config import SETTINGS
+
     for s in SETTINGS:
-        p.add_argument(
+        parser.add_argument(
             s.flag, dest=s.field, type=s.parse, default=None, help=f"{s.help} [env {s.env}]"
         )
-    p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -14,6 +14,10 @@ Decoding rows (one new token per sequence) all go through one padded SDPA call p
 else is in the batch; the padded slot list and its additive mask are built once per step in
 `prepare`. Only sequences that extend by several tokens (prefill chunks, drafts) attend one by one.
 K/V are gathered with `index_select` on a flat index, several times faster than advanced indexing.
+
+For bfloat16 on the CPU (the quantized path) the decode group skips all of that: one C kernel
+(`cpu_kernels`) reads each sequence's K/V straight from the pool and, on a decode-only step, stores
+the step's new K/V itself. SDPA on a few query rows is slow on the CPU, the gather is a copy.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from corral.engine.cpu_kernels import HEAD_DIM_MULTIPLE, CpuKernels, kernels_for
 from corral.engine.kv_pool import PAD_SLOT, KVPool
 
 
@@ -56,6 +61,9 @@ class DecodeGroup:
     batch: int
     length: int
     mask: torch.Tensor | None  # additive [B, 1, 1, length] in the model dtype; None if no padding
+    row_ids: torch.Tensor  # int64 [B]: `rows` as indices (the C kernel's form)
+    lens: torch.Tensor  # int64 [B]: each row's own KV length
+    kernels: CpuKernels | None = None  # attend with the C kernel (bfloat16 on the CPU)
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,10 @@ class TorchAttention:
             else:
                 spans.append(self._span(kv, start, q_len, kv_len, device))
             start += q_len
-        decode = self._decode_group(decode_rows, decode_kv, device, dtype) if decode_kv else None
+        decode = None
+        if decode_kv:
+            kernels = kernels_for(dtype, device) if self.head_dim % HEAD_DIM_MULTIPLE == 0 else None
+            decode = self._decode_group(decode_rows, decode_kv, device, dtype, kernels)
         return AttentionMetadata(out_slots, tuple(spans), decode)
 
     def _span(
@@ -152,7 +163,11 @@ class TorchAttention:
 
     @staticmethod
     def _decode_group(
-        rows: list[int], kvs: list[torch.Tensor], device: torch.device, dtype: torch.dtype
+        rows: list[int],
+        kvs: list[torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        kernels: CpuKernels | None,
     ) -> DecodeGroup:
         lens = [int(ix.numel()) for ix in kvs]
         b, length = len(kvs), max(lens)
@@ -160,7 +175,7 @@ class TorchAttention:
             [ix.to(torch.int64) for ix in kvs], batch_first=True, padding_value=PAD_SLOT
         )
         mask = None
-        if min(lens) != length:
+        if min(lens) != length and kernels is None:  # the kernel reads each row's own length
             valid = torch.arange(length)[None, :] < torch.tensor(lens)[:, None]
             mask = torch.zeros(b, 1, 1, length, dtype=dtype)
             mask.masked_fill_(~valid.view(b, 1, 1, length), float("-inf"))
@@ -172,7 +187,8 @@ class TorchAttention:
             else torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
         )
         flat = padded.view(-1).to(device, non_blocking=True)
-        return DecodeGroup(row_index, flat, b, length, mask)
+        row_ids, lens_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(lens)
+        return DecodeGroup(row_index, flat, b, length, mask, row_ids, lens_t, kernels)
 
     def forward(
         self,
@@ -184,16 +200,16 @@ class TorchAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         k_buf, v_buf = pool.k_buffers[layer], pool.v_buffers[layer]
-        k_buf.index_copy_(0, meta.out_slots, k)
-        v_buf.index_copy_(0, meta.out_slots, v)
         group = meta.decode
         if group is not None and not meta.spans:  # decode-only step: rows are all of `q`
-            return self._decode(q, k_buf, v_buf, group)
+            return self._decode(q, k, v, k_buf, v_buf, group, meta.out_slots)
+        k_buf.index_copy_(0, meta.out_slots, k)
+        v_buf.index_copy_(0, meta.out_slots, v)
         out = torch.empty(
             q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device
         )
         if group is not None:
-            out[group.rows] = self._decode(q[group.rows], k_buf, v_buf, group)
+            out[group.rows] = self._decode(q, k, v, k_buf, v_buf, group, None)
         for span in meta.spans:
             rows = slice(span.q_start, span.q_start + span.q_len)
             if span.fresh:
@@ -228,10 +244,26 @@ class TorchAttention:
         return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hkv * g * d)
 
     def _decode(
-        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, group: DecodeGroup
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        group: DecodeGroup,
+        out_slots: torch.Tensor | None,
     ) -> torch.Tensor:
+        """The group's rows of `q` (all `T` rows of the step) attend; `out_slots`: the new K/V
+        are not stored yet, store them there first."""
+        if group.kernels is not None:
+            return group.kernels.decode_attention(
+                q, k, v, k_buf, v_buf, group, self.scale, out_slots
+            )
+        if out_slots is not None:
+            k_buf.index_copy_(0, out_slots, k)
+            v_buf.index_copy_(0, out_slots, v)
         b, hkv, g, d = group.batch, self.num_kv_heads, self.group, self.head_dim
-        qg = q.reshape(b, hkv, g, d)
+        qg = q[group.rows].reshape(b, hkv, g, d)
         shape = (b, group.length, hkv, d)
         keys = k_buf.index_select(0, group.kv).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
         values = v_buf.index_select(0, group.kv).view(shape).transpose(1, 2)

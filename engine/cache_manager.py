@@ -13,8 +13,6 @@ from corral.engine.core import Sequence
 from corral.engine.kv_pool import KVPool
 from corral.engine.radix_cache import RadixCache
 
-_EMPTY = torch.empty(0, dtype=torch.int64)
-
 
 class CacheManager:
     """Prefix matching, slot allocation (evicting the tree first) and release of sequences."""
@@ -34,7 +32,8 @@ class CacheManager:
         return self.pool.num_free + self.radix.evictable_size
 
     def match_len(self, seq: Sequence) -> int:
-        """How many tokens of `seq` the tree holds now (for prefix-aware ordering)."""
+        """How many tokens of `seq` the tree holds now (for prefix-aware ordering); a pure
+        query: the tree and its LRU clocks stay as they are."""
         if not self.prefix_cache:
             return 0
         return int(self.radix.match_prefix(seq.tokens(0, seq.num_tokens - 1))[0].numel())
@@ -42,11 +41,10 @@ class CacheManager:
     def admit(self, seq: Sequence) -> None:
         """Reuse the longest cached prefix of `seq` (all but its last token) and lock it."""
         if self.prefix_cache:
-            idx, node = self.radix.match_prefix(seq.tokens(0, seq.num_tokens - 1))
+            idx, match = self.radix.match_prefix(seq.tokens(0, seq.num_tokens - 1))
         else:
-            idx, node = _EMPTY.clone(), self.radix.root
-        self.radix.lock(node)
-        seq.kv, seq.node = idx, node
+            idx, match = self.radix.match_prefix(())
+        seq.kv, seq.node = idx, self.radix.lock(match)
         seq.prefix_len = seq.num_computed = int(idx.numel())
 
     def alloc(self, n: int) -> torch.Tensor | None:
@@ -80,8 +78,8 @@ class CacheManager:
         n = seq.num_computed
         ids = seq.tokens(0, n)
         self.radix.insert(ids, seq.kv[:n])
-        idx, node = self.radix.match_prefix(ids)
-        self.radix.lock(node)
+        idx, match = self.radix.match_prefix(ids)
+        node = self.radix.lock(match)
         self.radix.unlock(seq.node)
         seq.kv = torch.cat((idx, seq.kv[n:]))
         seq.node, seq.prefix_len = node, n

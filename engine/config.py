@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from corral.engine.faults import parse_faults
 
+IDLE_WAIT_S = 0.02  # longest wait for a late mask fill before the loop looks at its inbox again
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -29,6 +31,16 @@ class EngineConfig:
       jump-forward only; exact like every draft); 0 turns it off.
     - `num_threads`: torch intra-op threads; None (the default) resolves to the cores this
       process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
+    - `max_step_draft_tokens`: most jump-forward draft tokens fed in one step, over all
+      sequences (each costs a mask row and a matcher accept in the step's mask fill).
+    - `mask_threads`: worker threads that fill grammar masks during the forward pass (the
+      stepping thread helps once the logits are ready); None resolves to `num_threads`.
+    - `mask_grace_ms`: the per-step mask deadline: a constrained row whose mask is not ready
+      this long after the logits sits the step out and runs again (`grammar_masks`); None
+      waits for every mask.
+    - `overlap`: overlap scheduling (`engine.overlap`): step n+1 is scheduled, and the model
+      started on it, before step n's tokens are read back and postprocessed; outputs are the
+      same either way.
     - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
       this many requests (the match costs a tree walk each); beyond it, first come first served.
     - `faults`: test-only fault injection (`engine.faults`, e.g. "step@3,seq@5"); None reads the
@@ -45,6 +57,10 @@ class EngineConfig:
     max_draft_tokens: int = 16
     lookup_draft_tokens: int = 8
     num_threads: int | None = None
+    max_step_draft_tokens: int = 256
+    mask_threads: int | None = None
+    mask_grace_ms: float | None = 20.0
+    overlap: bool = False
     lpm_queue_limit: int = 128
     faults: str | None = None
 
@@ -55,6 +71,8 @@ class EngineConfig:
             ("max_batched_tokens", self.max_batched_tokens, 2),
             ("max_draft_tokens", self.max_draft_tokens, 0),
             ("lookup_draft_tokens", self.lookup_draft_tokens, 0),
+            ("max_step_draft_tokens", self.max_step_draft_tokens, 0),
+            ("mask_grace_ms", 0 if self.mask_grace_ms is None else self.mask_grace_ms, 0),
             ("lpm_queue_limit", self.lpm_queue_limit, 0),
         )
         for name, value, low in checks:
@@ -78,6 +96,10 @@ class EngineConfig:
             object.__setattr__(self, "num_threads", available_cores())
         elif self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")
+        if self.mask_threads is None:
+            object.__setattr__(self, "mask_threads", self.num_threads)
+        elif self.mask_threads < 1:
+            raise ValueError(f"EngineConfig.mask_threads must be >= 1, got {self.mask_threads}")
 
     @property
     def threads(self) -> int:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forw
     import torch
 
     from corral.engine.detokenize import Detokenizer
+    from corral.engine.grammar_masks import LateMask
     from corral.engine.jump_forward import Boundary, LookupIndex
     from corral.engine.radix_cache import Node
     from corral.grammar.matcher import Matcher
@@ -50,6 +51,17 @@ class RequestError(ValueError):
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """At most `tokens` output tokens of thinking: when the output reaches that many and the
+    think block is still open (`close` not yet written; with `open` set, only once the output
+    began with `open`), the engine appends `close` as forced tokens (`jump_forward`)."""
+
+    tokens: int
+    close: str
+    open: str = ""  # "": the prompt opened the block
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request (OpenAI semantics).
 
@@ -67,6 +79,7 @@ class SamplingParams:
     many output tokens exist, and stop strings do not end the output before it; where a grammar
     allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
     `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
+    `reasoning_budget`: the think block of a reasoning model is closed after that many tokens.
     """
 
     max_tokens: int = 16
@@ -86,6 +99,7 @@ class SamplingParams:
     top_logprobs: int = 0
     n: int = 1
     skip_special_tokens: bool = True
+    reasoning_budget: ReasoningBudget | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -105,6 +119,11 @@ class SamplingParams:
             (not 0 <= self.top_logprobs <= 20, "top_logprobs must be in [0, 20]"),
             (self.n < 1, f"n must be >= 1, got {self.n}"),
             (any(not s for s in self.stop), "stop strings must be non-empty"),
+            (
+                self.reasoning_budget is not None
+                and (self.reasoning_budget.tokens < 0 or not self.reasoning_budget.close),
+                "reasoning_budget needs tokens >= 0 and an end marker",
+            ),
         ]
         for bad, message in problems:
             if bad:
@@ -203,6 +222,12 @@ class Sequence:
     error: EngineFailure | None = field(default=None, init=False)  # with finish "error"
     # Set on the mask thread when this sequence's matcher broke: its sampled row is discarded.
     failure: EngineFailure | None = field(default=None, init=False)
+    # Its row missed a step's mask deadline (`grammar_masks`): while that fill still runs it sits
+    # out; the masks it made wait in `late_mask` for its next step; `mask_deferrals` ranks it
+    # first among the next step's fills.
+    mask_busy: bool = field(default=False, init=False)
+    late_mask: LateMask | None = field(default=None, init=False)
+    mask_deferrals: int = field(default=0, init=False)
     kv: torch.Tensor | None = field(default=None, init=False)  # int64 slots (cache manager)
     node: Node | None = field(default=None, init=False)  # locked radix node
     prefix_len: int = field(default=0, init=False)

@@ -4,7 +4,8 @@
 boundary splits). `Drafter` applies them at the three points of a constrained sequence's life
 where they matter, so that `Engine.step` stays schedule -> run -> postprocess:
 
-- `start`: a new sequence gets its first draft, verified in its prefill pass;
+- `start`: a new sequence gets its first draft, verified in its prefill pass (and a reasoning
+  budget of 0 its end marker);
 - `verify`: after sampling, the draft fed in that pass is settled (learned from, counted,
   cleared); the engine frees the KV of its rejected tail;
 - `jump_forward`: the tokens the grammar alone decides are appended, then what it forces next
@@ -21,12 +22,20 @@ import torch
 
 from corral.engine.config import EngineConfig
 from corral.engine.core import Sequence, SequenceFailed
-from corral.engine.jump_forward import DraftHints, forced_token, lookup_draft, make_draft
+from corral.engine.jump_forward import (
+    DraftHints,
+    budget_room,
+    forced_token,
+    lookup_draft,
+    make_draft,
+    reasoning_close,
+)
 from corral.engine.postprocess import Postprocessor
 
 
 class Drafter:
-    """Forced tokens and drafts for constrained sequences (a no-op when jump-forward is off)."""
+    """Forced tokens and drafts for constrained sequences (a no-op when jump-forward is off),
+    and the end marker of a think block at its reasoning budget (always)."""
 
     def __init__(
         self,
@@ -50,10 +59,12 @@ class Drafter:
     def start(self, seq: Sequence) -> None:
         """Give a new sequence its first draft. A sequence whose matcher is already broken gets
         none: its first mask fill fails it, inside a step, like any other matcher failure."""
-        if not self._applies(seq):
-            return
+        close = reasoning_close(seq, self.tokenizer)  # a reasoning budget of 0
         try:
-            seq.draft = self._draft(seq)
+            if len(close) < seq.params.max_tokens:  # a sequence never ends before its first pass
+                self._force_all(seq, close)
+            if self._applies(seq):
+                seq.draft = self._draft(seq)
         except SequenceFailed:
             seq.draft = []
 
@@ -77,25 +88,39 @@ class Drafter:
 
     def jump_forward(self, seq: Sequence) -> None:
         """Append the tokens the grammar alone decides (their KV comes with the next extend),
-        then draft the forced text after them."""
+        then draft the forced text after them. A think block at its reasoning budget is closed
+        first, constrained or not."""
+        self._force_all(seq, reasoning_close(seq, self.tokenizer))
         if not self._applies(seq):
             return
         while seq.finish_reason is None:
             tok = forced_token(seq, self._force_mask)
             if tok is None:
                 break
-            self._post.force(seq, tok)
-            seq.num_forced += 1
-            for name in ("output_tokens", "forced_tokens", "jump_forward_tokens"):
-                self._counters[name] += 1
+            self._force(seq, tok)
         if seq.finish_reason is None:
             seq.draft = self._draft(seq)
+
+    def _force_all(self, seq: Sequence, tokens: list[int]) -> None:
+        for tok in tokens:
+            if seq.finish_reason is not None:
+                return
+            self._force(seq, tok)
+
+    def _force(self, seq: Sequence, tok: int) -> None:
+        self._post.force(seq, tok)
+        seq.num_forced += 1
+        for name in ("output_tokens", "forced_tokens", "jump_forward_tokens"):
+            self._counters[name] += 1
 
     def _draft(self, seq: Sequence) -> list[int]:
         """The grammar's forced text as tokens, else a lookup draft (after the first output)."""
         # The draft's last token is verified with one more sampled token after it, so leave
         # room for that one within max_tokens.
         limit = min(self.config.max_draft_tokens, seq.params.max_tokens - len(seq.output_ids) - 1)
+        room = budget_room(seq)  # nor past a reasoning budget
+        if room is not None:
+            limit = min(limit, room)
         draft = make_draft(seq, self.tokenizer, limit, self.hints)
         if not draft and seq.output_ids:
             draft = lookup_draft(seq, min(limit, self.config.lookup_draft_tokens))

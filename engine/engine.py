@@ -8,6 +8,10 @@ Who owns what: validation `validate`, seeds `sampler.choice_seeds`, grammar mask
 `grammar_masks`, forced tokens and drafts `drafter.Drafter`, appending tokens and finish rules
 `postprocess`, KV slots `cache_manager`. The engine wires them together and keeps the books.
 
+Mask deadline. A constrained row whose mask is not ready `EngineConfig.mask_grace_ms` after the
+logits sits the step out (`grammar_masks`): it is not sampled, keeps the KV of all but its last
+fed token and runs again later, so its output does not change; `mask_deferrals` counts it.
+
 Usable directly (tests, benches) or from `AsyncEngine`'s background thread. Not thread-safe:
 one thread calls `add_request`, `abort` and `step`.
 
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from corral.engine.cache_manager import CacheManager
-from corral.engine.config import EngineConfig
+from corral.engine.config import IDLE_WAIT_S, EngineConfig
 from corral.engine.core import (
     CollectedChoice,
     EngineFailure,
@@ -45,11 +49,12 @@ from corral.engine.core import (
 from corral.engine.detokenize import Detokenizer
 from corral.engine.drafter import Drafter
 from corral.engine.faults import Faults
-from corral.engine.grammar_masks import MaskFiller
+from corral.engine.grammar_masks import MaskFill, MaskFiller
 from corral.engine.kv_pool import KVPool
 from corral.engine.model_runner import ForwardBatch
+from corral.engine.overlap import OverlapLoop
 from corral.engine.postprocess import Postprocessor
-from corral.engine.sampler import choice_seeds, sample_rows
+from corral.engine.sampler import DeviceSample, choice_seeds, read_back, sample_on_device
 from corral.engine.scheduler import Schedule, ScheduledSeq, Scheduler
 from corral.engine.stats import collect
 from corral.engine.step_inputs import StepRows, step_inputs
@@ -83,7 +88,9 @@ class Engine:
         self.pool = self.runner.kv_pool_from_budget(self._kv_budget())
         self.cache = CacheManager(self.pool, self.config.prefix_cache)
         self.scheduler = Scheduler(self.config, self.cache)
-        self.masks = MaskFiller(self.vocab_size, self.runner.device)
+        self.masks = MaskFiller(self.vocab_size, self.runner.device, self.config.mask_threads)
+        grace = self.config.mask_grace_ms
+        self._mask_grace_s = None if grace is None else grace / 1000
         self.eos = frozenset(model.eos_token_ids)
         self.post = Postprocessor(self.eos, self.max_model_len)
         self.counters: Counter[str] = Counter()
@@ -93,6 +100,7 @@ class Engine:
         self._requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
         self._batches = 0  # steps that ran a batch (what CORRAL_FAULTS counts)
+        self._overlap = OverlapLoop(self) if self.config.overlap else None
 
     def _kv_budget(self) -> int:
         """Bytes for the KV pool: `kv_cache_bytes` on the CPU; on CUDA what is left of
@@ -196,12 +204,13 @@ class Engine:
         return outputs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self._overlap is not None and self._overlap.has_work())
 
     def fail_all(self, failure: EngineFailure) -> list[Output]:
         """End every live sequence with finish reason "error" and `failure`; one `Output` each,
-        even where the engine's state is broken (then `reset` finds the leak)."""
-        outputs = []
+        even where the engine's state is broken (then `reset` finds the leak). With overlap,
+        the outputs of a step postprocessed before the failure come first."""
+        outputs = list(self._overlap.undelivered) if self._overlap is not None else []
         for seq in self.live_sequences():
             try:
                 outputs.append(self._fail(seq, failure))
@@ -213,6 +222,8 @@ class Engine:
     def reset(self) -> None:
         """After `fail_all`: forget anything left and check that every KV slot is back (free or
         in the prefix tree, unlocked). Raises when the state is broken: rebuild the engine."""
+        if self._overlap is not None:
+            self._overlap.reset()
         self.scheduler.waiting.clear()
         self.scheduler.running.clear()
         self._requests.clear()
@@ -223,18 +234,26 @@ class Engine:
     # ---- the step --------------------------------------------------------------------------
 
     def step(self) -> list[Output]:
-        """Run one scheduling step; returns the incremental outputs it produced."""
+        """Run one scheduling step; returns the incremental outputs it produced (with overlap,
+        those of the step before, see `engine.overlap`)."""
         started = time.perf_counter()
+        if self._overlap is not None:
+            outputs = self._overlap.step()
+            self.counters["step_seconds"] += time.perf_counter() - started
+            return outputs
         self._bind_threads()
+        self.masks.late_done.clear()
         plan = self.scheduler.schedule()
         if not plan.items:
+            if self.scheduler.running:  # every one waits for a late mask fill to end
+                self.masks.late_done.wait(IDLE_WAIT_S)
             return []
         self._batches += 1
         if self.faults:
             self.faults.fire("step", self._batches)
         batch, rows = step_inputs(plan)
-        tokens, logprobs = self._run(batch, rows)
-        outputs = self._postprocess(plan, tokens, logprobs)
+        tokens, logprobs, late = self._run(batch, rows)
+        outputs = self._postprocess(plan, tokens, logprobs, late)
         self.counters["steps"] += 1
         self.counters["batched_tokens"] += batch.num_tokens
         self.counters["step_seconds"] += time.perf_counter() - started
@@ -256,32 +275,71 @@ class Engine:
 
     def _run(
         self, batch: ForwardBatch, rows: StepRows
-    ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """The forward pass, with the grammar masks filled on the worker thread meanwhile, then
-        one sampled token (and its logprob where asked) per row."""
-        fill = None
-        if rows.jobs:
-            fault = self.faults.take("mask", self._batches) if self.faults else None
-            fill = self.masks.start(rows.jobs, len(rows.mask_rows), fault)
+    ) -> tuple[list[int], list[TokenLogprob | None], set[Sequence]]:
+        """The forward pass, with the grammar masks filled on the worker threads meanwhile, then
+        one sampled token (and its logprob where asked) per row; rows whose mask missed the
+        deadline are not sampled, and their sequences are returned (`grammar_masks`)."""
+        fill = self._start_masks(rows)
         try:
             logits = self.runner.forward(batch, self.pool)
-        finally:  # never leave the mask thread running on matchers past a failed forward
-            bitmask = fill.result() if fill is not None else None
+        except BaseException:  # never leave fills running on matchers past a failed forward
+            if fill is not None:
+                self.masks.wait(fill, None)
+            raise
+        sitting_out = self._late(fill)
+        drawn, rows = self._draw(logits, rows, fill, sitting_out)
+        if drawn is None:
+            return [], [], sitting_out
+        return (*read_back(drawn, rows.specs), sitting_out)
+
+    def _start_masks(self, rows: StepRows) -> MaskFill | None:
+        if not rows.jobs:
+            return None
+        fault = self.faults.take("mask", self._batches) if self.faults else None
+        return self.masks.start(rows.jobs, len(rows.mask_rows), fault)
+
+    def _late(self, fill: MaskFill | None) -> set[Sequence]:
+        """Wait for the masks until the deadline; the sequences whose rows sit this step out."""
+        if fill is None:
+            return set()
+        return {job.seq for job in self.masks.wait(fill, self._mask_grace_s)}
+
+    def _draw(
+        self, logits: torch.Tensor, rows: StepRows, fill: MaskFill | None, drop: set[Sequence]
+    ) -> tuple[DeviceSample | None, StepRows]:
+        """Sample every row but those of `drop` on the logits' device (no host sync); also
+        returns the rows sampled. None when no row is left."""
+        bitmask = fill.bitmask if fill is not None else None
+        if drop:
+            keep, mask_keep, rows = rows.without(drop)
+            logits = logits[torch.tensor(keep, dtype=torch.int64)]
+            if bitmask is not None:  # a copy: late fills may still write into the step's buffer
+                bitmask = bitmask[torch.tensor(mask_keep, dtype=torch.int64)]
         if not rows.specs:
-            return [], []
+            return None, rows
         mask_rows = torch.tensor(rows.mask_rows, dtype=torch.int64) if rows.mask_rows else None
         with torch.inference_mode():  # the logits are inference tensors
-            return sample_rows(logits, rows.specs, bitmask, mask_rows, self.eos)
+            return sample_on_device(logits, rows.specs, bitmask, mask_rows, self.eos), rows
 
     def _postprocess(
-        self, plan: Schedule, tokens: list[int], logprobs: list[TokenLogprob | None]
+        self,
+        plan: Schedule,
+        tokens: list[int],
+        logprobs: list[TokenLogprob | None],
+        sitting_out: set[Sequence],
     ) -> list[Output]:
         """Each scheduled sequence takes its rows' tokens under its own guard: a failure there
-        ends that sequence only (module docstring)."""
+        ends that sequence only (module docstring). Those in `sitting_out` had no rows sampled."""
         outputs: list[Output] = []
         row = 0
         for k, item in enumerate(plan.items):
+            if item.seq in sitting_out:
+                self._sit_out(item)
+                continue
             n_rows = item.draft_len + 1 if item.sample else 0
+            if item.seq.finished:  # overlap: aborted while its step ran
+                row += n_rows
+                continue
             try:
                 if k == 0 and self.faults:
                     self.faults.fire("seq", self._batches)
@@ -318,6 +376,17 @@ class Engine:
             self._finish(seq)
         return self.post.emit(seq)
 
+    def _sit_out(self, item: ScheduledSeq) -> None:
+        """Its mask missed the deadline: keep the KV of all it fed but its last real token
+        (whose logits were dropped) and free the rest; it is fed that token again next step."""
+        seq = item.seq
+        seq.forward_passes += 1
+        self.counters["seq_forward_passes"] += 1
+        seq.mask_deferrals += 1
+        self.counters["mask_deferrals"] += 1
+        seq.num_computed += item.num_new - item.draft_len - 1
+        self.cache.truncate(seq)
+
     def _take_sampled(
         self,
         seq: Sequence,
@@ -329,11 +398,14 @@ class Engine:
         fix up the KV bookkeeping: everything fed has KV now, except a rejected draft tail
         (freed)."""
         seq.draft = seq.draft[: item.draft_len]
+        if item.settled:  # overlap: the placeholder of this token goes, the token comes
+            seq.output_ids.pop()
         appended = self.post.accept(seq, tokens, logprobs)
         self.counters["output_tokens"] += appended
         rejected = self.drafter.verify(seq, appended)
-        seq.num_computed += item.num_new - rejected
-        self.cache.truncate(seq)
+        if not item.settled:  # (a settled one already holds the slot of its next step)
+            seq.num_computed += item.num_new - rejected
+            self.cache.truncate(seq)
 
     def _finish(self, seq: Sequence, keep: bool = True) -> None:
         self.cache.release(seq, keep=keep)
@@ -387,4 +459,6 @@ class Engine:
         return collect(self.counters, self.scheduler, self.cache)
 
     def close(self) -> None:
+        if self._overlap is not None:
+            self._overlap.close()
         self.masks.close()

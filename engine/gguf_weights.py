@@ -243,14 +243,17 @@ class RefinedHead:
 
 
 def refined_head_linear(x: torch.Tensor, head: RefinedHead, b: torch.Tensor | None):
-    """`x @ head.T (+ b)`: the kernel's logits, the leaders' recomputed in float32."""
-    y = int4_linear(x, head.weight, None)
+    """`x @ head.T (+ b)` in float32: the kernel's logits, the leaders' recomputed exactly.
+
+    The result is float32 whatever `x`'s dtype: written back into a bfloat16 tensor, the exact
+    leaders would be rounded to the kernel's steps again and tie as before."""
+    y = int4_linear(x, head.weight, None).float()
     if y.shape[0] == 0:  # a prefill chunk that samples no row
         return y if b is None else y.add_(b)
     ids = y.topk(min(head.top, y.shape[1]), dim=-1).indices  # [rows, top]
     w = head.rows.lookup(ids.reshape(-1), torch.float32).view(*ids.shape, -1)
     exact = torch.bmm(w, x.float().unsqueeze(2)).squeeze(2)
-    y.scatter_(1, ids, exact.to(y.dtype))
+    y.scatter_(1, ids, exact)
     return y if b is None else y.add_(b)
 
 

@@ -18,6 +18,11 @@ All three are exact: greedy and seeded outputs are the same with jump-forward on
    or the output) are drafted instead, cut to what the grammar accepts. They are verified the
    same way, so they too change no output; they pay off where the text repeats itself (arrays
    of similar objects, names copied from the prompt).
+4. The end of a reasoning budget (`SamplingParams.reasoning_budget`, with or without a
+   grammar). When the output reaches the budget inside the think block, the block's end marker
+   is appended as forced tokens, so the block holds at most that many tokens of the model's own
+   and the constraint after it applies as usual. Drafts are cut so that no step crosses the
+   budget: the check runs exactly where the output reaches it.
 
 How drafts are tokenized. The forced text is tokenized together with the last output tokens (the
 canonical tokenization of output + forced text, already-emitted tokens kept fixed); where that
@@ -177,6 +182,27 @@ def lookup_draft(seq: Sequence, limit: int) -> list[int]:
         seq.lookup = LookupIndex()
     draft = seq.lookup.draft(seq, limit)
     return draft[: _accepted_prefix(seq, draft)]
+
+
+def reasoning_close(seq: Sequence, tokenizer) -> list[int]:
+    """The end marker's tokens when `seq`'s output has just reached its reasoning budget inside
+    the think block; else none."""
+    budget = seq.params.reasoning_budget
+    if budget is None or len(seq.output_ids) != budget.tokens:
+        return []
+    text = tokenizer.decode(seq.output_ids, skip_special_tokens=False)
+    if budget.close in text or not text.lstrip().startswith(budget.open):
+        return []
+    return _tokenize_after(seq.output_ids, tokenizer, budget.close)
+
+
+def budget_room(seq: Sequence) -> int | None:
+    """How many more draft tokens `seq` may feed without passing its reasoning budget (a draft
+    of k yields up to k + 1 tokens); None when no budget is ahead."""
+    budget = seq.params.reasoning_budget
+    if budget is None or len(seq.output_ids) >= budget.tokens:
+        return None
+    return budget.tokens - len(seq.output_ids) - 1
 
 
 def _tokenize_after(output: list[int], tokenizer, text: str) -> list[int]:

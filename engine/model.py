@@ -8,7 +8,9 @@ logits can be compared against it.
 
 On a CPU a decode step is a few hundred small ops besides the matmuls, so each op counts: one RoPE
 over Q and K together, RMSNorm as one fused op. The matmuls run on oneDNN-packed weights once
-`pack_weights` has been called (see `corral.engine.matmul`).
+`pack_weights` has been called (see `corral.engine.matmul`). In bfloat16 on the CPU (the quantized
+path) the norms (the second fused with its residual add), RoPE and silu * up are C kernels
+instead (`corral.engine.cpu_kernels`), chosen once per forward pass.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from corral.engine.attention import AttentionBackend, AttentionMetadata
+from corral.engine.cpu_kernels import CpuKernels, kernels_for
 from corral.engine.kv_pool import KVPool
 from corral.engine.matmul import (
     PACK_BATCH_HINT,
@@ -51,8 +54,13 @@ def set_weight(
     setattr(module, name, value)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last axis, one fused op (accumulates in float32 for bfloat16 inputs)."""
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: CpuKernels | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last axis, one fused op (accumulates in float32 for bfloat16 inputs);
+    with `kernels`, their C kernel (the same numerics, bit for bit)."""
+    if kernels is not None:
+        return kernels.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
@@ -186,18 +194,26 @@ class DecoderLayer(nn.Module):
         attn: AttentionBackend,
         pool: KVPool,
         meta: AttentionMetadata,
+        kernels: CpuKernels | None = None,
     ) -> torch.Tensor:
-        t, qk_size, linear = x.shape[0], self.q_size + self.kv_size, self.linear
-        qkv = linear(rms_norm(x, self.input_norm, self.eps), self.qkv_weight, self.qkv_bias)
+        """`kernels`: run the small ops as C kernels (bfloat16 CPU activations only)."""
+        t, qk_size, linear, eps = x.shape[0], self.q_size + self.kv_size, self.linear, self.eps
+        qkv = linear(rms_norm(x, self.input_norm, eps, kernels), self.qkv_weight, self.qkv_bias)
         # Q and K are adjacent columns: rotate them as one [T, heads + kv_heads, head_dim] view.
-        qk = apply_rope(qkv[:, :qk_size].view(t, -1, self.head_dim), cos, sin)
+        qk = qkv[:, :qk_size].view(t, -1, self.head_dim)
+        qk = apply_rope(qk, cos, sin) if kernels is None else kernels.rope_(qk, cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
         o = attn.forward(q, k, v, self.index, pool, meta)
-        x = x + linear(o, self.o_weight, self.o_bias)
-        h = linear(rms_norm(x, self.post_norm, self.eps), self.gate_up_weight, self.gate_up_bias)
-        gate, up = h.chunk(2, dim=-1)
-        return x + linear(F.silu(gate).mul_(up), self.down_weight, self.down_bias)
+        y = linear(o, self.o_weight, self.o_bias)
+        if kernels is None:
+            x = x + y
+            h = linear(rms_norm(x, self.post_norm, eps), self.gate_up_weight, self.gate_up_bias)
+            gate, up = h.chunk(2, dim=-1)
+            return x + linear(F.silu(gate).mul_(up), self.down_weight, self.down_bias)
+        h = kernels.add_rms_norm_(x, y, self.post_norm, eps)  # y becomes the residual stream
+        h = linear(h, self.gate_up_weight, self.gate_up_bias)
+        return y + linear(kernels.silu_mul(h), self.down_weight, self.down_bias)
 
 
 class DecoderModel(nn.Module):
@@ -292,10 +308,11 @@ class DecoderModel(nn.Module):
             else self.embed.lookup(input_ids, self.dtype)
         )
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        kernels = kernels_for(x.dtype, x.device)
         for layer in self.layers:
-            x = layer(x, cos, sin, attn, pool, meta)
+            x = layer(x, cos, sin, attn, pool, meta, kernels)
         # The final norm and the LM head (the biggest matmul for small models) only on the rows
         # whose logits are wanted.
-        h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps)
+        h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps, kernels)
         head = self.lm_head if self.packed_head is None else self.packed_head
         return self.linear(h, head, None).float()

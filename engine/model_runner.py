@@ -42,6 +42,9 @@ class ForwardBatch:
     seq_kv_indices: list[torch.Tensor]
     extend_lens: list[int]
     logits_index: torch.Tensor  # int64 [R]
+    # Overlap scheduling: (positions in input_ids, rows of the previous step's sampled tokens)
+    # of input tokens not known on the host yet (`engine.overlap`); `forward` fills them in.
+    pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def from_sequences(
@@ -130,21 +133,31 @@ class ModelRunner:
             budget_bytes, c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device
         )
 
-    def forward(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, pool: KVPool, prev_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Store the new tokens' K/V in `pool` and return float32 logits
-        `[len(batch.logits_index), vocab_size]`."""
+        `[len(batch.logits_index), vocab_size]`. `prev_tokens`: the previous step's sampled
+        tokens, still on the device, for `batch.pending`."""
         self._check(batch, pool)
         with torch.inference_mode():
-            return self._run(batch, pool)
+            return self._run(batch, pool, prev_tokens)
 
-    def _run(self, batch: ForwardBatch, pool: KVPool) -> torch.Tensor:
+    def _run(
+        self, batch: ForwardBatch, pool: KVPool, prev_tokens: torch.Tensor | None
+    ) -> torch.Tensor:
         dev = self.device
+        input_ids = batch.input_ids.to(dev, non_blocking=True)
+        if batch.pending is not None:
+            at, rows = (t.to(dev, non_blocking=True) for t in batch.pending)
+            # -1 (a row with no allowed token) fails its sequence; feed a harmless id meanwhile
+            input_ids[at] = prev_tokens[rows].to(input_ids.dtype).clamp_(min=0)
         out_slots = batch.out_slots.to(dev, non_blocking=True)
         meta = self.attention.prepare(
             out_slots, batch.seq_kv_indices, batch.extend_lens, dev, self.dtype
         )
         return self.model(
-            batch.input_ids.to(dev, non_blocking=True),
+            input_ids,
             batch.positions.to(dev, non_blocking=True),
             batch.logits_index.to(dev, non_blocking=True),
             self.attention,

@@ -2,8 +2,8 @@
 
 It knows nothing about requests. A typical caller (the scheduler) does:
 
-    indices, node = cache.match_prefix(prompt)   # reuse len(indices) cached tokens
-    cache.lock(node)                             # now the indices are safe to read
+    indices, match = cache.match_prefix(prompt)  # reuse len(indices) cached tokens
+    node = cache.lock(match)                     # now the indices are safe to read
     need = len(prompt) - len(indices)
     fresh = pool.alloc(need)
     if fresh is None:                            # make room from unlocked cached prefixes
@@ -18,21 +18,26 @@ It knows nothing about requests. A typical caller (the scheduler) does:
 Ownership and safety rules (the invariants `check_integrity` enforces):
 - Every allocatable pool slot is in exactly one place: the pool's free list, one tree node, or
   one live request (its freshly allocated, not yet inserted slots).
-- Indices returned by `match_prefix` are only safe to use while the returned node is locked;
-  an unlocked path may be evicted (its slots freed and reused) by the next `evict`.
+- `match_prefix` is a pure query (as mini-sglang's): it changes neither the tree's shape nor
+  its LRU clocks, so ranking a waiting queue by cached prefix costs nothing but the walks.
+  Nodes are split only by `lock` (a match that ends inside an edge) and `insert`. Its
+  `PrefixMatch` is good until the tree next changes (`lock`, `insert`, `evict`): lock it at once.
+- Indices returned by `match_prefix` are only safe to use while its match is locked; an
+  unlocked path may be evicted (its slots freed and reused) by the next `evict`.
 - `insert(ids, kv)` takes ownership of *every* slot in `kv`. Slots for tokens the tree did not
   have become tree slots. For the leading tokens it already had (the returned count) the tree
   keeps its own slots and frees the caller's duplicates, i.e. each `kv[i] != tree_slot[i]`.
   Slots equal to the tree's own (obtained from `match_prefix`) are left alone. So after
   `insert` the caller owns nothing in `kv`; to keep reading the KV (a still-running request),
-  call `match_prefix(ids)` again and lock that node before unlocking the old one.
+  call `match_prefix(ids)` again and lock that match before unlocking the old node.
 - `lock(node)` pins the node and all its ancestors (a reference count on the path), so a
   node's `lock_ref` is always >= the sum of its children's. Locked nodes are never evicted.
 - A node always stands for the same prefix (root → its last token): a split inserts a new
   node *above* the split one, so a handle stays valid across splits. An evicted node is dead;
   locking it raises.
 - `evict` removes only unlocked leaves, least recently used first (a logical clock ticked by
-  `match_prefix` and `insert`, never wall time), cascading to parents that become leaves.
+  `lock` and `insert`, never wall time: a path only looked at is not "used"), cascading to
+  parents that become leaves.
   Since an unlocked node's descendants are all unlocked, `evict(n)` frees
   `min(n, evictable_size)` tokens or slightly more (whole nodes are evicted).
 """
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -66,6 +72,20 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(len={len(self.key)}, lock_ref={self.lock_ref}, t={self.last_access})"
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """Where a `match_prefix` walk ended: `inside` tokens into `node`'s edge (all of it when the
+    match ends on a node boundary; the root when nothing matched). `lock` turns it into a node,
+    splitting the edge there first."""
+
+    node: Node
+    inside: int
+
+    @property
+    def on_boundary(self) -> bool:
+        return self.inside == len(self.node.key)
 
 
 def _as_key(ids: Sequence[int] | torch.Tensor) -> tuple[int, ...]:
@@ -112,21 +132,21 @@ class RadixCache:
 
     # ---- lookup and insertion -------------------------------------------------------------
 
-    def match_prefix(self, ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, Node]:
-        """Slots of the longest cached prefix of `ids`, and the node that ends exactly there.
+    def match_prefix(self, ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, PrefixMatch]:
+        """Slots of the longest cached prefix of `ids`, and where that prefix ends.
 
-        The node is the root when nothing matches. A node is split if the match ends inside
-        it, so locking the returned node pins exactly the matched prefix. The indices are only
-        safe to use while that node is locked. Marks the matched path as recently used.
+        A pure query: nothing is split and no clock moves. The indices are only safe to use
+        once the match is locked (`lock(match)`, which pins exactly the matched prefix).
         """
-        node, _, values = self._walk(_as_key(ids))
-        return (torch.cat(values) if values else _EMPTY.clone()), node
+        node, inside, values = self._find(_as_key(ids))
+        return (torch.cat(values) if values else _EMPTY.clone()), PrefixMatch(node, inside)
 
     def insert(self, ids: Sequence[int] | torch.Tensor, kv_indices: torch.Tensor) -> int:
         """Add `ids` with their slots; return how many leading tokens were already cached.
 
         Takes ownership of every slot in `kv_indices` (see the module docstring): duplicates
-        of slots the tree already holds for the same tokens are freed to the pool here.
+        of slots the tree already holds for the same tokens are freed to the pool here. Marks
+        the path of `ids` as just used.
         """
         key = _as_key(ids)
         kv = torch.as_tensor(kv_indices, dtype=torch.int64).reshape(-1).cpu()
@@ -137,7 +157,10 @@ class RadixCache:
             )
         if not key:
             return 0
-        node, pos, values = self._walk(key)
+        end, inside, values = self._find(key)
+        node = self._node_at(PrefixMatch(end, inside))
+        self._touch(node)
+        pos = sum(v.numel() for v in values)
         if pos:
             mine = kv[:pos]
             self.pool.free(mine[mine != torch.cat(values)])
@@ -147,22 +170,42 @@ class RadixCache:
             self._evictable += len(leaf.key)
         return pos
 
-    def _walk(self, key: tuple[int, ...]) -> tuple[Node, int, list[torch.Tensor]]:
-        """Follow `key` from the root, splitting the last edge if the match ends inside it."""
-        self._clock += 1
-        node, pos, values = self.root, 0, []
-        node.last_access = self._clock
+    def _find(self, key: tuple[int, ...]) -> tuple[Node, int, list[torch.Tensor]]:
+        """Follow `key` from the root, changing nothing: the deepest node reached, how many of
+        its edge's tokens matched, and the matched slots edge by edge."""
+        node, inside, pos, values = self.root, 0, 0, []
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
                 break
             n = _common_len(child.key, key, pos)
+            values.append(child.value if n == len(child.key) else child.value[:n])
+            node, inside, pos = child, n, pos + n
             if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = self._clock
-            values.append(child.value)
-            node, pos = child, pos + n
-        return node, pos, values
+                break
+        return node, inside, values
+
+    def _node_at(self, match: PrefixMatch) -> Node:
+        """The node ending exactly where `match` ends, splitting its edge there if needed."""
+        node = match.node
+        if node is not self.root and node.parent is None:
+            raise KVIntegrityError(
+                "RadixCache.lock: this node was evicted; call match_prefix again and lock the "
+                "match it returns (lock right after matching, before any evict)"
+            )
+        if not 0 < match.inside <= len(node.key) and node is not self.root:
+            raise KVIntegrityError(
+                f"RadixCache.lock: a match {match.inside} tokens into {node} is stale (the tree "
+                "changed since match_prefix); match again"
+            )
+        return node if match.on_boundary else self._split(node, match.inside)
+
+    def _touch(self, node: Node) -> None:
+        """Mark `node` and its ancestors as used now (the LRU clock)."""
+        self._clock += 1
+        while node is not None:
+            node.last_access = self._clock
+            node = node.parent
 
     def _split(self, child: Node, n: int) -> Node:
         """Insert a node for `child.key[:n]` above `child`; the new node inherits its locks."""
@@ -177,19 +220,19 @@ class RadixCache:
 
     # ---- locking and eviction -------------------------------------------------------------
 
-    def lock(self, node: Node) -> None:
-        """Pin `node` and its ancestors; locking the root is a no-op."""
-        if node is not self.root and node.parent is None:
-            raise KVIntegrityError(
-                "RadixCache.lock: this node was evicted; call match_prefix again and lock the "
-                "node it returns (lock right after matching, before any evict)"
-            )
+    def lock(self, match: PrefixMatch) -> Node:
+        """Pin the prefix `match` found (splitting its last edge where the match ends) and mark
+        it used; returns the node to `unlock` later. Locking the root is a no-op."""
+        node = self._node_at(match)
+        self._touch(node)
+        locked = node
         while node is not self.root:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
             node.lock_ref += 1
             node = node.parent
+        return locked
 
     def unlock(self, node: Node) -> None:
         """Undo one `lock(node)`; raises if the node is not locked."""

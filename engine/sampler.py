@@ -112,12 +112,43 @@ def read_back(
 ) -> tuple[list[int], list[TokenLogprob | None]]:
     """Tokens, logprobs and top alternatives, read back in one transfer (token ids are exact in
     float64)."""
+    return _decode(_flat(drawn).tolist(), drawn.top, specs)
+
+
+def _flat(drawn: DeviceSample) -> torch.Tensor:
+    """Everything `read_back` returns, as one float64 tensor on the device."""
     result, top = drawn.result, drawn.top
     parts = [result.tokens.double()]
     if top is not None:
         parts += [result.logprobs.double(), top.ids.double().reshape(-1)]
         parts.append(top.values.double().reshape(-1))
-    flat = torch.cat(parts).tolist()
+    return torch.cat(parts)
+
+
+class ReadBack:
+    """`read_back` in two halves (overlap scheduling): the transfer is queued when made (into
+    pinned memory on CUDA, so device work queued later does not delay it), `result` waits for
+    it and decodes it."""
+
+    def __init__(self, drawn: DeviceSample, specs: list[RowSpec]) -> None:
+        flat = _flat(drawn)
+        self._event = None
+        if flat.device.type == "cuda":
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            flat = host.copy_(flat, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._flat, self._drawn, self._specs = flat, drawn, specs
+
+    def result(self) -> tuple[list[int], list[TokenLogprob | None]]:
+        if self._event is not None:
+            self._event.synchronize()
+        return _decode(self._flat.tolist(), self._drawn.top, self._specs)
+
+
+def _decode(
+    flat: list[float], top: _Top | None, specs: list[RowSpec]
+) -> tuple[list[int], list[TokenLogprob | None]]:
     n = len(specs)
     tokens = [int(t) for t in flat[:n]]
     if top is None:

@@ -23,6 +23,7 @@ COUNTERS = (
     "forced_tokens",
     "jump_forward_tokens",
     "step_seconds",
+    "mask_deferrals",
 )
 
 
@@ -42,7 +43,8 @@ def collect(counters: Counter[str], scheduler: Scheduler, cache: CacheManager) -
     `lookup_draft_accepted` (the part of those two from lookup drafts), `forced_tokens`
     (appended with no selection pass), `jump_forward_tokens` (draft_accepted + forced_tokens),
     `failed` (sequences ended with finish reason "error"), `step_seconds` (time inside
-    `Engine.step`), and the rest of `COUNTERS`.
+    `Engine.step`), `mask_deferrals` (rows that sat a step out because their grammar mask
+    missed the step's deadline), and the rest of `COUNTERS`.
 
     Ratios: `forward_passes_per_output_token` (seq_forward_passes / output_tokens),
     `draft_acceptance_rate` (draft_accepted / draft_tokens).

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from corral.engine.core import Sequence
 from corral.engine.grammar_masks import MaskJob
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.sampler import RowSpec
@@ -26,6 +27,20 @@ class StepRows:
     specs: list[RowSpec] = field(default_factory=list)
     jobs: list[MaskJob] = field(default_factory=list)
     mask_rows: list[int] = field(default_factory=list)
+
+    def without(self, sitting_out: set[Sequence]) -> tuple[list[int], list[int], StepRows]:
+        """The rows left when `sitting_out` sequences skip sampling (their masks missed the
+        deadline): the logits rows kept, the bitmask rows kept, and the rows themselves, mask
+        rows renumbered to the kept logits."""
+        keep = [i for i, spec in enumerate(self.specs) if spec.seq not in sitting_out]
+        new_index = {old: new for new, old in enumerate(keep)}
+        mask_keep = [j for j, r in enumerate(self.mask_rows) if r in new_index]
+        left = StepRows(
+            specs=[self.specs[i] for i in keep],
+            jobs=[j for j in self.jobs if j.seq not in sitting_out],
+            mask_rows=[new_index[self.mask_rows[j]] for j in mask_keep],
+        )
+        return keep, mask_keep, left
 
 
 def step_inputs(plan: Schedule) -> tuple[ForwardBatch, StepRows]:

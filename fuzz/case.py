@@ -137,3 +137,5 @@ class CaseResult:
     n_valid: int = 0
     n_invalid: int = 0
     outcomes: dict[str, TargetOutcome] = field(default_factory=dict)
+    #: Differential mode: ``"a|b"`` -> ``differential.DiffStats`` of that engine pair.
+    diff: dict[str, Any] = field(default_factory=dict)

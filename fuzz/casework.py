@@ -24,6 +24,7 @@ from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import Case, CaseResult, TargetOutcome
+from corral.fuzz.differential import DiffConfig, compare
 from corral.fuzz.judge import (
     Judge,
     Unjudgeable,
@@ -52,6 +53,7 @@ class CaseConfig:
     shrink_seconds: float = 6.0
     slow_compile_s: float = 2.0
     slow_mask_s: float = 0.05
+    differential: DiffConfig | None = None  # compare every pair of engines' masks (`differential`)
 
 
 def open_case(case: Case) -> tuple[CaseResult, Judge | None]:
@@ -97,6 +99,10 @@ def run_case(
     invalid = _texts(_dedup(invalid + muts), rng, cfg)
     result.n_valid, result.n_invalid = len(valid), len(invalid)
     encoded = {s: view.encode(s) for s in valid + invalid}
+    if cfg.differential is not None:
+        _differential(
+            case, result, list(compiled.values()), valid, encoded, judge, view, cfg, stage
+        )
     for name, (t, handle) in compiled.items():
         stage(f"check:{name}")
         _check(t, handle, case, judge, view, valid, invalid, encoded, result.outcomes[name])
@@ -110,6 +116,33 @@ def run_case(
         for f in out.failures:
             f.keywords = f.keywords or tuple(sorted(schema_keywords(f.schema)))
     return result
+
+
+def _differential(
+    case: Case,
+    result: CaseResult,
+    compiled: list[tuple[Target, Any]],
+    valid: list[str],
+    encoded: dict[str, list[int]],
+    judge: Judge,
+    view: TokenView,
+    cfg: CaseConfig,
+    stage: Callable[[str], None],
+) -> None:
+    """Every pair of compiled engines walked in lockstep along the valid instances (in schema
+    key order, as the engines lay keys out), their masks compared (`differential`)."""
+    schema = case.schema
+    paths = []
+    for text in valid:
+        ordered = _in_schema_order(schema, text)
+        paths.append(encoded[ordered] if ordered in encoded else view.encode(ordered))
+    for i, a in enumerate(compiled):
+        for b in compiled[i + 1 :]:
+            stage(f"differential:{a[0].name}|{b[0].name}")
+            rng = random.Random(case.seed * 31 + i)
+            result.diff[f"{a[0].name}|{b[0].name}"] = compare(
+                case, result, a, b, paths, judge, view, cfg.differential, rng
+            )
 
 
 def _compile(t: Target, case: Case, out: TargetOutcome, stage: Callable[[str], None]) -> Any:

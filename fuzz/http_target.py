@@ -1,4 +1,10 @@
-"""A URL target: any OpenAI-compatible server, fuzzed through ``response_format: json_schema``.
+"""A URL target: any OpenAI-compatible server, fuzzed through its chat completions.
+
+The schema constrains the output one of two ways (``HttpConfig.via``): ``response_format``
+(``json_schema``, strict) judges the message content; ``tools`` makes the schema the
+``parameters`` of the one function the request names in ``tool_choice`` and judges the call's
+``arguments`` (an answer without that call, or with another, is unsound: the server broke the
+tool choice).
 
 Only what a client can see is checked: every completed output must be valid JSON that the judge
 accepts (soundness); a 4xx answer is the server refusing the schema; a 5xx or a broken connection
@@ -23,6 +29,7 @@ from corral.fuzz.casework import open_case
 from corral.fuzz.judge import Judge, judge_output, schema_keywords
 
 PROMPT_SCHEMA_CHARS = 2000  # the constraint does the work; a long prompt only slows the model
+TOOL_NAME = "fuzz_call"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class HttpConfig:
     max_tokens: int = 256
     temperature: float = 1.0
     timeout_s: float = 120.0
+    via: str = "response_format"  # or "tools": the schema is a function's parameters
 
 
 class EndpointError(RuntimeError):
@@ -102,7 +110,7 @@ class HttpTarget:
         return {
             "endpoint": self.base,
             "model": self.model,
-            "response_format": "json_schema, strict true",
+            "constrained by": _VIA_TEXT[c.via],
             "samples": c.samples,
             "temperature": c.temperature,
             "max_tokens": c.max_tokens,
@@ -129,6 +137,8 @@ class HttpTarget:
             out.walks[kind] = out.walks.get(kind, 0) + 1
             if kind == "ok":
                 self._judge(case, judge, payload, out)
+            elif kind == "wrong-call":
+                _add(out, case, K.UNSOUND, None, payload)
             elif kind in (K.ERROR, K.HANG):
                 out.status = kind
                 _add(out, case, kind, None, payload)
@@ -147,14 +157,12 @@ class HttpTarget:
     async def _sample(self, case: Case, i: int) -> tuple[str, str, float]:
         """One completion: ``(kind, content or reason, seconds)``.
 
-        ``kind`` is ok, length, refused, error or hang."""
+        ``kind`` is ok, length, refused, error, hang or wrong-call (``via`` tools: the answer
+        did not call the named function exactly once)."""
         body = {
             "model": self.model,
             "messages": _messages(case),
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "fuzz", "schema": case.schema, "strict": True},
-            },
+            **_constraint(self.cfg.via, case.schema),
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
             "seed": case.seed + i,
@@ -176,12 +184,50 @@ class HttpTarget:
             return K.ERROR, f"HTTP {r.status_code}: {r.text[:300]}", dt
         try:
             choice = r.json()["choices"][0]
-            content = choice["message"]["content"] or ""
+            message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError):
             return K.ERROR, f"not an OpenAI chat completion: {r.text[:300]}", dt
         if choice.get("finish_reason") == "length":
             return "length", "", dt
-        return "ok", content, dt
+        if self.cfg.via == "response_format":
+            return "ok", message.get("content") or "", dt
+        return (*_arguments(message), dt)
+
+
+_VIA_TEXT = {
+    "response_format": "response_format json_schema, strict true",
+    "tools": f"tool_choice naming one function ({TOOL_NAME}, strict true) whose parameters "
+    "are the schema; its arguments are judged",
+}
+
+
+def _constraint(via: str, schema: object) -> dict[str, object]:
+    """The request fields that constrain the output to ``schema``."""
+    if via == "response_format":
+        rf = {
+            "type": "json_schema",
+            "json_schema": {"name": "fuzz", "schema": schema, "strict": True},
+        }
+        return {"response_format": rf}
+    function = {"name": TOOL_NAME, "description": "Call with arguments that match the schema",
+                "parameters": schema, "strict": True}  # fmt: skip
+    return {
+        "tools": [{"type": "function", "function": function}],
+        "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}},
+        "parallel_tool_calls": False,
+    }
+
+
+def _arguments(message: dict) -> tuple[str, str]:
+    """``("ok", arguments)`` of the one call to the named function; anything else is unsound."""
+    calls = message.get("tool_calls") or []
+    if len(calls) != 1 or (calls[0].get("function") or {}).get("name") != TOOL_NAME:
+        names = [(c.get("function") or {}).get("name") for c in calls]
+        return "wrong-call", (
+            f"tool_choice named {TOOL_NAME} but the answer called {names or 'no function'} "
+            f"(content: {str(message.get('content'))[:200]!r})"
+        )
+    return "ok", calls[0]["function"].get("arguments") or ""
 
 
 def _messages(case: Case) -> list[dict[str, str]]:

@@ -35,6 +35,13 @@ class TokenView:
             is_single[i] = len(b) == 1
             is_closing[i] = bool(b) and all(c in b'"}]' for c in b)
         self.single, self.closing = is_single, is_closing
+        # Special tokens other than EOS (chat markers, reserved ids): their spelling is not text
+        # a model writes, so an engine forbidding them inside JSON is right, not incomplete.
+        hf = tok.hf_tokenizer
+        special = set(hf.all_special_ids)
+        special |= {i for i, t in hf.added_tokens_decoder.items() if t.special}
+        self.special = np.zeros(32 * tok.mask_words, dtype=bool)
+        self.special[[i for i in special - self.eos if i < self.n_real]] = True
 
     def token_bytes(self, ids: list[int]) -> bytes:
         return b"".join(self._bytes[i] for i in ids if i not in self.eos)
@@ -53,7 +60,8 @@ def _bits(mask: torch.Tensor) -> np.ndarray:
     return np.unpackbits(mask[0].numpy().view(np.uint8), bitorder="little").astype(bool)
 
 
-def _fill(m: Matcher, mask: torch.Tensor, hist: LogHistogram) -> np.ndarray:
+def mask_bits(m: Matcher, mask: torch.Tensor, hist: LogHistogram) -> np.ndarray:
+    """The tokens `m` allows now, one bool per token id (its fill time goes into `hist`)."""
     t0 = time.perf_counter()
     restricted = m.fill_mask(mask, 0)
     hist.add(time.perf_counter() - t0)
@@ -82,7 +90,7 @@ def random_walk(
     while len(ids) < max_tokens:
         if m.is_terminated():
             return Walk("terminated", view.token_bytes(ids), len(ids))
-        allowed = _fill(m, mask, hist)
+        allowed = mask_bits(m, mask, hist)
         if allowed[view.n_real :].any():
             bad = int(np.flatnonzero(allowed[view.n_real :])[0]) + view.n_real
             return Walk("beyond-vocab", view.token_bytes(ids), len(ids), f"token {bad} allowed")
@@ -133,14 +141,14 @@ def check_tokens(m: Matcher, view: TokenView, ids: list[int], hist: LogHistogram
     for i, t in enumerate(ids):
         if m.is_terminated():
             return Check(False, i, len(ids), "the engine had already terminated")
-        if not _fill(m, mask, hist)[t]:
+        if not mask_bits(m, mask, hist)[t]:
             return Check(False, i, len(ids), f"token {i} ({view.token_bytes([t])!r}) masked")
         if not m.accept(t):
             detail = f"token {i} ({view.token_bytes([t])!r}) allowed by the mask, refused by accept"
             return Check(False, i, len(ids), detail)
     if m.is_terminated():
         return Check(True, len(ids), len(ids))
-    allowed = _fill(m, mask, hist)
+    allowed = mask_bits(m, mask, hist)
     if any(allowed[t] for t in view.eos):
         return Check(True, len(ids), len(ids))
     return Check(False, len(ids), len(ids), "EOS masked after the last token")

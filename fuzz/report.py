@@ -9,6 +9,7 @@ from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import CaseResult, Failure
+from corral.fuzz.differential import DiffStats
 from corral.fuzz.stats import LogHistogram, percentile
 from corral.fuzz.targets import format_config
 
@@ -74,12 +75,15 @@ class Report:
         self.unjudged: dict[str, str] = {}
         self.keywords: dict[str, dict[str, dict[str, int]]] = {}
         self.failures: list[Failure] = []
+        self.diff: dict[str, DiffStats] = {}  # engine pair -> summed differential counts
 
     def add(self, result: CaseResult) -> None:
         self.cases.add(result.case_id)
         if not result.judged:
             self.unjudged[result.case_id] = result.note
             return
+        for pair, st in result.diff.items():
+            self.diff.setdefault(pair, DiffStats()).add(st)
         for name, out in result.outcomes.items():
             st = self.targets[name]
             st.schemas += 1
@@ -130,6 +134,7 @@ class Report:
             "unjudgeable": len(self.unjudged),
             "targets": {n: s.summary() for n, s in self.targets.items()},
             "keywords": self.keywords,
+            "differential": {p: dataclasses.asdict(st) for p, st in self.diff.items()},
             "failures": [dataclasses.asdict(f) for f in self.failures],
         }
 
@@ -164,6 +169,14 @@ class Report:
             )
         return rows
 
+    def diff_rows(self) -> list[list[str]]:
+        """Differential mode, one row per engine pair (see `differential.DiffStats`)."""
+        names = list(DiffStats.__dataclass_fields__)
+        rows = [["engine pair", *names]]
+        for pair, st in self.diff.items():
+            rows.append([pair.replace("|", " vs "), *(str(getattr(st, n)) for n in names)])
+        return rows
+
     def keyword_rows(self, limit: int = 40) -> list[list[str]]:
         """Keywords, most failures first; a cell is unsound/incomplete/refused/schemas."""
         names = list(self.targets)
@@ -192,6 +205,16 @@ class Report:
             *(f"{name}: {format_config(c)}" for name, c in self.engines().items()),
             "",
             _table(self.target_rows()),
+            *(
+                [
+                    "",
+                    "mask differences (positions compared, where the masks differed, tokens "
+                    "allowed by one engine only, and how the sampled ones were judged)",
+                    _table(self.diff_rows()),
+                ]
+                if self.diff
+                else []
+            ),
             "",
             "per keyword (cells: unsound/incomplete/refused/schemas; a failure counts for every "
             "keyword left in its shrunk schema)",
@@ -217,6 +240,7 @@ class Report:
             *(f"- `{name}`: {format_config(c)}" for name, c in self.engines().items()),
             "\n## Per target\n",
             _md(self.target_rows()),
+            *(["\n## Mask differences\n", _md(self.diff_rows())] if self.diff else []),
             "\n## Per keyword\n\nCells: unsound / incomplete / refused / schemas with the "
             "keyword. A failure counts for every keyword left in its shrunk schema.\n",
             _md(self.keyword_rows()),

@@ -26,9 +26,11 @@ from corral.grammar.errors import ConstraintError
 from corral.grammar.input_checks import nesting_error
 from corral.grammar.llg_limits import RAISED, effective_limits, needed
 from corral.grammar.probe import ProbeFailure, probe
+from corral.grammar.reasoning import after_reasoning
 from corral.grammar.regex_translate import literal_regex, translate_regex
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
+from corral.grammar.structural_tag import structural_tag_lark
 from corral.grammar.tokenizer import TokenizerInfo
 
 
@@ -45,6 +47,7 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     if spec.kind is ConstraintKind.EBNF:
         return _compile_ebnf(spec, tok)
     unenforced: tuple = ()
+    raised: dict[str, int] = {}
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
         plan = analyze_schema(spec.schema(), lenient=not spec.strict, source=spec.source or None)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
@@ -58,15 +61,58 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
         grammar, keyword = llg.grammar_from_regex(pattern), "choice"
     elif spec.kind is ConstraintKind.LARK:
         grammar, keyword = llg.grammar_from_lark(spec.source), "lark"
+    elif spec.kind is ConstraintKind.STRUCTURAL_TAG:
+        grammar, unenforced, raised = _structural_tag(spec, tok)
+        keyword = "structural_tag"
     else:  # pragma: no cover - the enum is closed
         raise ConstraintError(f"unknown constraint kind {spec.kind}")
-    return _llguidance(grammar, spec, tok, keyword, unenforced)
+    if spec.reasoning is not None:
+        grammar = after_reasoning(grammar, *spec.reasoning, _special_token(tok))
+    return _llguidance(grammar, spec, tok, keyword, unenforced, raised)
+
+
+def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tuple, dict]:
+    """The structural tag's grammar, what lenient mode left out, and the raised limits.
+
+    Each structure's schema is analysed (fail closed) and its own grammar probed first: the
+    probe of the whole grammar walks the free text, so a schema past a backend limit must be
+    refused here, not once the model writes a trigger. A limit a structure needed raised is
+    raised for the whole grammar too, where that structure runs."""
+    raised: dict[str, int] = {}
+
+    def analyse(schema):
+        plan = analyze_schema(schema, lenient=not spec.strict)
+        grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
+        raised.update(probed_prototype(grammar, tok, "schema", raised).raised)
+        return plan.schema, plan.unenforced
+
+    lark, unenforced = structural_tag_lark(
+        spec.structural_tag(), llg.json_options(spec.json_format), _special_token(tok), analyse
+    )
+    return llg.grammar_from_lark(lark), unenforced, raised
+
+
+def _special_token(tok: TokenizerInfo):
+    """``text`` -> the id of the one special token that is exactly ``text``, else None."""
+
+    def find(text: str) -> int | None:
+        ids = tok.encode(text)
+        if len(ids) == 1 and tok.llguidance.is_special_token(ids[0]):
+            return ids[0]
+        return None
+
+    return find
 
 
 def _llguidance(
-    grammar: str, spec: ConstraintSpec, tok: TokenizerInfo, keyword: str, unenforced: tuple = ()
+    grammar: str,
+    spec: ConstraintSpec,
+    tok: TokenizerInfo,
+    keyword: str,
+    unenforced: tuple = (),
+    raised: dict[str, int] | None = None,
 ) -> CompiledConstraint:
-    prototype = probed_prototype(grammar, tok, keyword)
+    prototype = probed_prototype(grammar, tok, keyword, raised)
     return CompiledConstraint(
         backend=llg.NAME,
         payload=grammar.encode(),
@@ -79,9 +125,12 @@ def _llguidance(
     )
 
 
-def probed_prototype(grammar: str, tok: TokenizerInfo, keyword: str) -> llg.Prototype:
-    """An llguidance prototype whose first positions the probe walked without an error."""
-    raised: dict[str, int] = {}
+def probed_prototype(
+    grammar: str, tok: TokenizerInfo, keyword: str, raised: dict[str, int] | None = None
+) -> llg.Prototype:
+    """An llguidance prototype whose first positions the probe walked without an error
+    (built with ``raised`` limits from the start, when given)."""
+    raised = dict(raised or {})
     while True:
         prototype = llg.new_prototype(grammar, tok, keyword, raised)
         failure = probe(prototype.copy()[0], tok)
@@ -127,11 +176,15 @@ def _probe_refusal(failure: ProbeFailure, keyword: str) -> ConstraintError:
 
 def _compile_ebnf(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     try:
-        lark = llg.gbnf_to_lark(spec.source)
-        return _llguidance(llg.grammar_from_lark(lark), spec, tok, "ebnf")
+        grammar = llg.grammar_from_lark(llg.gbnf_to_lark(spec.source))
+        if spec.reasoning is not None:
+            grammar = after_reasoning(grammar, *spec.reasoning, _special_token(tok))
+        return _llguidance(grammar, spec, tok, "ebnf")
     except ConstraintError as llg_error:
         if llg_error.limit is not None:
             raise  # llguidance read it but it is too large to serve; xgrammar is no way round
+        if spec.reasoning is not None:  # xgrammar gets no reasoning block: refuse, never drop
+            raise
         try:
             compiled = xgr.compile_ebnf(spec.source, tok)
         except Exception as e:  # xgrammar raises RuntimeError/ValueError with its parse message

@@ -57,8 +57,9 @@ def translate_regex(pattern: str, *, keyword: str = "regex", pointer: str = "") 
 
 
 class _Printer:
-    def __init__(self, pattern: str, keyword: str, pointer: str) -> None:
+    def __init__(self, pattern: str, keyword: str, pointer: str, *, narrow: bool = True) -> None:
         self.pattern, self.keyword, self.pointer = pattern, keyword, pointer
+        self.narrow = narrow
 
     def refuse(self, what: str) -> ConstraintError:
         return ConstraintError(
@@ -76,11 +77,11 @@ class _Printer:
         if op is C.LITERAL:
             return _char(arg)
         if op is C.NOT_LITERAL:
-            return _class(_complement([(arg, arg)]))
+            return class_regex(complement_ranges([(arg, arg)]))
         if op is C.ANY:
             return "."  # both dialects: any character but \n (no DOTALL)
         if op is C.IN:
-            return _class(self.set_ranges(arg))
+            return class_regex(self.set_ranges(arg))
         if op is C.AT:
             if arg not in _ANCHORS:
                 raise self.refuse(f"the word-boundary assertion {arg}")
@@ -101,10 +102,11 @@ class _Printer:
         raise self.refuse(f"the construct {op}")
 
     def set_ranges(self, items: list) -> Ranges:
-        """A class as code-point ranges. Positive shorthands (\\d \\w \\s) in a positive class
-        are narrowed to their ASCII members: sound, far smaller for the backend's lexer, and
-        only non-ASCII digits/letters/spaces are given up. Everything under a negation is exact,
-        so that the complement never lets in a character Python would refuse."""
+        """A class as code-point ranges. Unless `narrow` is off, positive shorthands (\\d \\w
+        \\s) in a positive class are narrowed to their ASCII members: sound, far smaller for the
+        backend's lexer, and only non-ASCII digits/letters/spaces are given up. Everything under
+        a negation is exact, so that the complement never lets in a character Python would
+        refuse."""
         negate = bool(items) and items[0][0] is C.NEGATE
         ranges: Ranges = []
         for op, arg in items[1:] if negate else items:
@@ -113,14 +115,14 @@ class _Printer:
             elif op is C.RANGE:
                 ranges.append(arg)
             elif op is C.CATEGORY:
-                ranges.extend(_category(arg, ascii_only=not negate))
+                ranges.extend(_category(arg, ascii_only=self.narrow and not negate))
             else:
                 raise self.refuse(f"the class item {op}")
-        merged = _merge(ranges)
-        return _complement(merged) if negate else merged
+        merged = merge_ranges(ranges)
+        return complement_ranges(merged) if negate else merged
 
 
-def _merge(ranges: Ranges) -> Ranges:
+def merge_ranges(ranges: Ranges) -> Ranges:
     out: Ranges = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -130,10 +132,10 @@ def _merge(ranges: Ranges) -> Ranges:
     return out
 
 
-def _complement(ranges: Ranges) -> Ranges:
+def complement_ranges(ranges: Ranges) -> Ranges:
     out: Ranges = []
     nxt = 0
-    for lo, hi in _merge(ranges):
+    for lo, hi in merge_ranges(ranges):
         if lo > nxt:
             out.append((nxt, lo - 1))
         nxt = hi + 1
@@ -152,7 +154,7 @@ def _table(name: str) -> tuple[tuple[int, int], ...]:
     """Code-point ranges of Python's \\d, \\s or \\w for str patterns (the C regex engine scans
     every code point once, in tens of milliseconds; the result is kept for the process)."""
     runs = re.finditer({"digit": r"\d+", "space": r"\s+", "word": r"\w+"}[name], _all_chars())
-    return tuple(_merge([(ord(m.group()[0]), ord(m.group()[-1])) for m in runs]))
+    return tuple(merge_ranges([(ord(m.group()[0]), ord(m.group()[-1])) for m in runs]))
 
 
 _CATEGORIES = {
@@ -169,8 +171,14 @@ def _category(cat, *, ascii_only: bool) -> Ranges:
     name, negated = _CATEGORIES[cat]
     ranges = list(_table(name))
     if negated:
-        return _complement(ranges)
+        return complement_ranges(ranges)
     return [(lo, min(hi, 0x7F)) for lo, hi in ranges if lo <= 0x7F] if ascii_only else ranges
+
+
+def exact_class_ranges(pattern: str, items: list) -> Ranges:
+    """The code points of the parsed class `items` (from `pattern`) exactly as Python reads
+    them, shorthands not narrowed. Raises ConstraintError for a class item it cannot spell."""
+    return _Printer(pattern, "pattern", "", narrow=False).set_ranges(items)
 
 
 def literal_regex(text: str) -> str:
@@ -185,7 +193,7 @@ def _char(cp: int) -> str:
     return f"\\x{{{cp:x}}}"
 
 
-def _class(ranges: Ranges) -> str:
+def class_regex(ranges: Ranges) -> str:
     if not ranges:
         raise ConstraintError("a character class that matches nothing", keyword="regex")
     parts = [_char(lo) if lo == hi else f"{_char(lo)}-{_char(hi)}" for lo, hi in ranges]

@@ -105,8 +105,8 @@ class _Analyzer:
         #: id(rewritten conjunct) -> how to name it in a size refusal
         self.describe: dict[int, str] = {}
         self.patterns = PatternTable(self.refuse)
-        self.negator = Negator(self.lookup, self.tick)
-        self.prover = DisjointProver(self.lookup, self.tick)
+        self.negator = Negator(self.lookup, self.tick, self.patterns.complement)
+        self.prover = DisjointProver(self.lookup, self.tick, self.patterns.exact_source)
         self.rewrites = KeywordRewrites(self)
 
     def run(self) -> SchemaPlan:

@@ -3,7 +3,9 @@
 `disjoint(a, b)` is sound but incomplete: True means no JSON value satisfies both; False means
 "not proven". The proofs used: disjoint type sets, disjoint `const`/`enum` values, a property one
 side requires that the other forbids, a property both require with disjoint value schemas (the
-usual discriminator), disjoint numeric ranges and item-count ranges, and recursion through
+usual discriminator), disjoint numeric ranges and item-count ranges, string values a pattern or
+length rules out, patterns no string matches together (the exact regex algebra on the patterns'
+Python sources, `regex_algebra`), and recursion through
 `allOf` (a conjunct disjoint from the other side), `anyOf` (every branch disjoint) and `$ref`.
 
 Copies: none; these helpers only read the schemas they are given.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from corral.grammar.regex_algebra import disjoint, matches
 from corral.grammar.schema_facts import (
     ALL_TYPES,
     finite_values,
@@ -41,9 +44,16 @@ _KEYWORD_TYPES: dict[str, frozenset[str]] = {
 class DisjointProver:
     """Decides provable disjointness; `lookup` maps a `$ref` to its analysed target."""
 
-    def __init__(self, lookup: Callable[[str], dict | bool | None], tick: Callable[[], None]):
+    def __init__(
+        self,
+        lookup: Callable[[str], dict | bool | None],
+        tick: Callable[[], None],
+        pattern_source: Callable[[str], str | None],
+    ):
         self._lookup = lookup
         self._tick = tick
+        #: backend regex -> the Python pattern whose language the judge tests (None: unknown)
+        self._source = pattern_source
         # (id(a), id(b)) -> verdict; analysed schemas live as long as the prover. A verdict
         # cached at a deeper level may miss a proof at a shallower one: incomplete, never unsound.
         # The pair is kept in the value so neither id can be reused while cached.
@@ -72,6 +82,8 @@ class DisjointProver:
         # every type left in common needs its own proof
         if common & {"number", "integer"} and _ranges_disjoint(a, b):
             common -= {"number", "integer"}
+        if "string" in common and self._patterns_disjoint(a, b):
+            common -= {"string"}
         if "object" in common and self._objects_disjoint(a, b, depth):
             common -= {"object"}
         if "array" in common and self._arrays_disjoint(a, b, depth):
@@ -122,7 +134,23 @@ class DisjointProver:
         other = finite_values(b)
         if other is not None and not any(json_equal(v, w) for w in other):
             return False
+        if isinstance(v, str) and not self._string_may_match(v, b):
+            return False
         return bool(intersect_types(types_of({"const": v}), types_of(b)))
+
+    def _string_may_match(self, v: str, b: dict) -> bool:
+        if not b.get("minLength", 0) <= len(v) <= b.get("maxLength", len(v)):
+            return False
+        source = self._source(b["pattern"]) if "pattern" in b else None
+        if source is None:
+            return True
+        return matches(source, v) is not False
+
+    def _patterns_disjoint(self, a: dict, b: dict) -> bool:
+        if "pattern" not in a or "pattern" not in b:
+            return False
+        first, second = self._source(a["pattern"]), self._source(b["pattern"])
+        return first is not None and second is not None and disjoint((first,), (second,)) is True
 
     def _objects_disjoint(self, a: dict, b: dict, depth: int) -> bool:
         req_a, req_b = set(a.get("required", ())), set(b.get("required", ()))

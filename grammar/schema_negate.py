@@ -5,8 +5,10 @@
 disjunction: the types `s` excludes, plus, per keyword, the instances of that keyword's type
 that break it (`minLength: n` becomes `maxLength: n-1`, `required: [a]` becomes
 `properties: {a: false}`, `enum` over strings becomes a pattern matching every other string).
-Keywords whose negation is not expressible for the backend (`pattern`, `multipleOf`, `items`,
-`additionalProperties` with a schema, ...) raise `NotExpressible`; the caller refuses the
+A `pattern` is negated through the exact regex algebra (`regex_algebra`, on the pattern's
+Python source). Keywords whose negation is not expressible for the backend (`multipleOf`,
+`items`, `additionalProperties` with a schema, a pattern beyond the algebra, ...) raise
+`NotExpressible`; the caller refuses the
 keyword (strict) or reports it (lenient). Nothing is ever approximated.
 
 Copies: the schema negated is only read; the negation is built from new objects but may share
@@ -35,9 +37,17 @@ class NotExpressible(Exception):
 class Negator:
     """Negates analysed schemas; `lookup` maps a `$ref` to its analysed target (or None)."""
 
-    def __init__(self, lookup: Callable[[str], dict | bool | None], tick: Callable[[], None]):
+    def __init__(
+        self,
+        lookup: Callable[[str], dict | bool | None],
+        tick: Callable[[], None],
+        complement: Callable[[str], str | None],
+    ):
         self._lookup = lookup
         self._tick = tick
+        #: backend regex -> a backend regex of the strings it does not match (None: no string);
+        #: raises NotExpressible when that cannot be built exactly
+        self._complement = complement
         self._active_refs: set[str] = set()
 
     def negate(
@@ -86,6 +96,9 @@ class Negator:
             return [False] if any(n is False for n in negs) else [{"allOf": negs}]
         if key == "$ref":
             return [self._negate_ref(value, inside, keys)]
+        if key == "pattern" and "string" in inside:
+            other = self._complement(value)
+            return [] if other is None else [{"type": "string", "pattern": other}]
         if key in _STRING_NEG and "string" in inside:
             return _STRING_NEG[key](value)
         if key in _NUMBER_NEG and inside & {"number", "integer"}:
@@ -94,7 +107,7 @@ class Negator:
             return self._negate_array_keyword(key, value, s)
         if key in _OBJECT_KEYS and "object" in inside:
             return self._negate_object_keyword(key, value, s, keys)
-        if key in _STRING_NEG or key in _NUMBER_NEG or key in _ARRAY_KEYS or key in _OBJECT_KEYS:
+        if key in _STRING_KEYS or key in _NUMBER_NEG or key in _ARRAY_KEYS or key in _OBJECT_KEYS:
             return []  # the keyword only constrains types this context excludes
         raise NotExpressible(key, f"negating '{key}' is not supported")
 
@@ -279,8 +292,8 @@ def _neg_min_length(n: int) -> list[dict]:
 _STRING_NEG = {
     "minLength": _neg_min_length,
     "maxLength": lambda n: [{"type": "string", "minLength": n + 1}],
-    "pattern": lambda p: _raise("pattern", "negating a regex pattern is not supported"),
 }
+_STRING_KEYS = frozenset((*_STRING_NEG, "pattern"))
 _NUMBER_NEG = {
     "minimum": lambda v, t: [{"type": t, "exclusiveMaximum": v}],
     "exclusiveMinimum": lambda v, t: [{"type": t, "maximum": v}],

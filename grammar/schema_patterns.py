@@ -14,6 +14,9 @@ Two strengths are needed:
   more. Positive shorthands are first rewritten as double negations (`\\d` -> `[^\\D]`), which
   `translate_regex` prints exactly (everything under a negation is exact).
 
+A `pattern` with look-arounds that have an exact regular meaning (see `regex_algebra`) is
+written without them, as an anchored regex of the same language.
+
 Translations are cached per pattern string: the first shorthand class builds a Unicode table
 (a fraction of a second, once per process), later uses cost a dictionary look-up.
 
@@ -31,8 +34,10 @@ from functools import lru_cache
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
+from corral.grammar.regex_algebra import complement, regular
 from corral.grammar.regex_translate import translate_regex
 from corral.grammar.schema_facts import escape_pointer
+from corral.grammar.schema_negate import NotExpressible
 
 _DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
 
@@ -62,7 +67,12 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
             source = exact_shorthands(pattern)
             return Translation(narrowed if source == pattern else translate_regex(source))
         except ConstraintError as e:
-            return Translation(refusal=e.reason)
+            # a look-around with a regular meaning, printed without it; keys stay refused (the
+            # printed form leaves out strings with lone surrogates: a narrowing)
+            written = None if exact else regular(pattern)
+            if written is None or written.empty:
+                return Translation(refusal=e.reason)
+            return Translation(written.backend)
 
 
 class PatternTable:
@@ -74,7 +84,11 @@ class PatternTable:
         self.python_source: dict[str, str] = {}
         #: exact backend regex -> its Python source (same language: to match keys in Python)
         self.key_source: dict[str, str] = {}
-        self._ambiguous = False  # two sources narrowed to one regex
+        #: backend regexes two different sources were narrowed to
+        self._ambiguous: set[str] = set()
+        #: complements written by `complement`: they leave out strings with lone surrogates,
+        #: so their language is narrower than the negation they stand for
+        self._derived: set[str] = set()
 
     def translate(self, pattern: str, where: str, keyword: str, exact: bool) -> str | None:
         """`pattern` in the backend's dialect; None after refusing it (lenient mode)."""
@@ -85,7 +99,7 @@ class PatternTable:
             self._refuse(where, keyword, t.refusal)
             return None
         if self.python_source.setdefault(t.regex, pattern) != pattern:
-            self._ambiguous = True
+            self._ambiguous.add(t.regex)
         if exact:
             self.key_source[t.regex] = pattern
         return t.regex
@@ -103,6 +117,37 @@ class PatternTable:
     def judge_sources(self) -> dict[str, str] | None:
         """backend regex -> Python source; None when some regex has two different sources."""
         return None if self._ambiguous else self.python_source
+
+    def source(self, regex: str) -> str | None:
+        """The one Python pattern `regex` was translated from (None: unknown or ambiguous).
+        Its language, not the possibly narrowed `regex`'s, is what the judge tests."""
+        return None if regex in self._ambiguous else self.python_source.get(regex)
+
+    def exact_source(self, regex: str) -> str | None:
+        """`source`, but only for a regex whose source is exactly the language of the keyword
+        it enforces (a client's pattern), as proofs of disjointness need."""
+        return None if regex in self._derived else self.source(regex)
+
+    def complement(self, regex: str) -> str | None:
+        """A backend regex for the strings the source of `regex` does not match (None: no
+        string), registered with its Python form for the judge. Raises
+        NotExpressible when the exact regex algebra cannot build it."""
+        src = self.source(regex)
+        other = None if src is None else complement(src)
+        if other is None:
+            what = "an ambiguous narrowed pattern" if src is None else f"pattern {src!r}"
+            raise NotExpressible(
+                "pattern",
+                f"negating {what} is beyond the exact regex algebra (look-arounds, "
+                "back-references, word boundaries or anchors inside it, or too large an "
+                "automaton)",
+            )
+        if other.empty:
+            return None
+        if self.python_source.setdefault(other.backend, other.python) != other.python:
+            self._ambiguous.add(other.backend)
+        self._derived.add(other.backend)
+        return other.backend
 
 
 def exact_shorthands(pattern: str) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
 from corral.grammar.input_checks import check_document, check_text, nesting_error
+from corral.grammar.structural_tag import StructuralTag, parse_structural_tag
 
 #: Bumped whenever the meaning of a spec's fields (and so of its digest) changes.
 SPEC_VERSION = 1
@@ -27,6 +28,7 @@ class ConstraintKind(StrEnum):
     EBNF = "ebnf"
     LARK = "lark"
     CHOICE = "choice"
+    STRUCTURAL_TAG = "structural_tag"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class ConstraintSpec:
     source: str
     strict: bool = True
     json_format: JsonFormat = field(default_factory=JsonFormat)
+    #: (open, close) markers of a free reasoning block before the constrained output (see
+    #: :meth:`after_reasoning`); None: the constraint starts at the first output token.
+    reasoning: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         # The constructors below check their input with a precise pointer; this catches a spec
@@ -84,19 +89,19 @@ class ConstraintSpec:
     def digest(self) -> str:
         """Hex sha256 over everything that changes what the constraint allows (computed once:
         every request names its constraint by it)."""
-        payload = json.dumps(
-            [
-                SPEC_VERSION,
-                str(self.kind),
-                self.source,
-                self.strict,
-                self.json_format.item_separator,
-                self.json_format.key_separator,
-                self.json_format.flexible,
-                self.json_format.max_whitespace,
-            ],
-            ensure_ascii=False,
-        )
+        fields: list[Any] = [
+            SPEC_VERSION,
+            str(self.kind),
+            self.source,
+            self.strict,
+            self.json_format.item_separator,
+            self.json_format.key_separator,
+            self.json_format.flexible,
+            self.json_format.max_whitespace,
+        ]
+        if self.reasoning is not None:  # appended only when set: older digests stay valid
+            fields.append(list(self.reasoning))
+        payload = json.dumps(fields, ensure_ascii=False)
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def schema(self) -> dict[str, Any] | bool:
@@ -111,6 +116,18 @@ class ConstraintSpec:
         if self.kind is not ConstraintKind.CHOICE:
             raise TypeError(f"a {self.kind} constraint has no choices")
         return json.loads(self.source)
+
+    def structural_tag(self) -> StructuralTag:
+        if self.kind is not ConstraintKind.STRUCTURAL_TAG:
+            raise TypeError(f"a {self.kind} constraint has no structural tag")
+        return parse_structural_tag(json.loads(self.source))
+
+    def after_reasoning(self, open_marker: str, close_marker: str) -> ConstraintSpec:
+        """This constraint, preceded by a free reasoning block: optionally ``open_marker``, then
+        any text without ``close_marker``, then ``close_marker``; the constraint starts after it."""
+        if not close_marker:
+            raise ConstraintError("a reasoning block needs an end marker", keyword="reasoning")
+        return replace(self, reasoning=(open_marker, close_marker))
 
     # -- constructors -------------------------------------------------------------------------
 
@@ -161,6 +178,28 @@ class ConstraintSpec:
         return cls(ConstraintKind.LARK, grammar)
 
     @classmethod
+    def structural_tag_of(
+        cls,
+        tag: dict[str, Any] | str,
+        *,
+        strict: bool = True,
+        json_format: JsonFormat | None = None,
+    ) -> ConstraintSpec:
+        """A structural tag (see ``grammar.structural_tag``) given as JSON data or text; each
+        structure's schema is checked and canonicalised as a JSON-schema constraint's is."""
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag, parse_constant=_refuse_constant)
+            except (json.JSONDecodeError, ValueError, RecursionError) as e:
+                raise ConstraintError(f"the structural tag is not valid JSON: {e}") from e
+        check_document(tag)
+        parsed = parse_structural_tag(tag)
+        source = json.dumps(
+            _canonical_tag(parsed.to_json()), ensure_ascii=False, separators=(",", ":")
+        )
+        return cls(ConstraintKind.STRUCTURAL_TAG, source, strict, json_format or JsonFormat())
+
+    @classmethod
     def choice(cls, choices: list[str]) -> ConstraintSpec:
         if (
             not isinstance(choices, list | tuple)
@@ -171,6 +210,11 @@ class ConstraintSpec:
         for i, c in enumerate(choices):
             check_text(c, "choice", pointer=f"/{i}")
         return cls(ConstraintKind.CHOICE, json.dumps(list(choices), ensure_ascii=False))
+
+
+def _canonical_tag(tag: dict[str, Any]) -> dict[str, Any]:
+    structures = [s | {"schema": _canonical(s["schema"])} for s in tag["structures"]]
+    return tag | {"structures": structures}
 
 
 def _require_text(text: str, what: str) -> None:

@@ -32,6 +32,10 @@ class CacheConfig:
     counts against a compile's deadline. Disk writes happen behind the compile, once no miss
     has been answered for ``write_quiet_s`` (so they do not slow the next compile or the first
     mask), and at the latest ``write_max_delay_s`` after the compile; ``flush()`` writes at once.
+    ``redis_url`` (``redis://host:port/db``) adds a tier shared by every replica that names the
+    same Redis (see ``redis_store``): each of its commands gives up after ``redis_timeout_s``, a
+    failure leaves Redis alone for ``redis_retry_s``, and a replica compiling an entry holds its
+    lock for ``redis_lock_ttl_s`` past its last renewal (so a dead compiler blocks nobody longer).
     """
 
     root: Path = field(default_factory=constraints_root)
@@ -48,6 +52,10 @@ class CacheConfig:
     disk_rescan_interval_s: float = 60.0
     write_quiet_s: float = 0.05
     write_max_delay_s: float = 2.0
+    redis_url: str | None = None
+    redis_timeout_s: float = 0.25
+    redis_retry_s: float = 5.0
+    redis_lock_ttl_s: float = 5.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).expanduser())
@@ -67,3 +75,5 @@ class CacheConfig:
             raise ValueError("write_quiet_s and write_max_delay_s must be >= 0")
         if self.process_workers < 1:
             raise ValueError("process_workers must be >= 1")
+        if not min(self.redis_timeout_s, self.redis_retry_s, self.redis_lock_ttl_s) > 0:
+            raise ValueError("redis_timeout_s, redis_retry_s and redis_lock_ttl_s must be > 0")

@@ -1,4 +1,4 @@
-"""CompileService: memory LRU -> disk store -> compile, single-flight, with a deadline.
+"""CompileService: memory LRU -> disk store -> Redis -> compile, single-flight, with a deadline.
 
 ``get_or_compile(spec)`` is thread-safe; ``aget_or_compile(spec)`` never blocks the event loop
 (a memory hit is answered on the loop, anything else runs on a thread). Invariants:
@@ -21,6 +21,12 @@
 * A disk entry that does not load (truncated, garbled, other format/backend/tokenizer/analysis)
   is a miss: counted in ``corrupt_entries`` or ``stale_entries``, deleted, recompiled and
   rewritten. Never an error. Failed writes (read-only or full disk) leave the entry in memory.
+* With ``config.redis_url``, a miss in memory and on disk asks Redis, where replicas share their
+  entries, and compiles only if no replica has it: the first replica to miss takes the entry's
+  lock and compiles, the others wait for its entry (``redis_store``), at most the compile
+  deadline (then ``compile_timeout``). An entry found in Redis is checked like a disk entry and
+  written to disk behind; one compiled here goes to Redis at once and to disk behind. Redis
+  unreachable: served from memory, disk and local compiles, reported by :meth:`degraded`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from corral.schema_cache.config import CacheConfig
 from corral.schema_cache.disk import STORE_VERSION, DiskStore
 from corral.schema_cache.flights import CompileCancelled, Flight, Flights
 from corral.schema_cache.memory import MemoryLRU, RefusalCache, copy_refusal
+from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
 from corral.schema_cache.stats import CacheStats
 from corral.schema_cache.threads import DaemonThreads, SerialQueue
 
@@ -64,7 +71,8 @@ def entry_key(
 
 
 class Lookup(NamedTuple):
-    """A compiled constraint and where it came from: memory, disk, compiled or shared."""
+    """A compiled constraint and where it came from: memory, disk, redis, compiled or shared
+    (another caller in this process compiled it meanwhile)."""
 
     compiled: CompiledConstraint
     source: str
@@ -86,6 +94,7 @@ class CompileService:
             self._stats,
             self.config.disk_rescan_interval_s,
         )
+        self.shared = open_shared(self.config, self._stats)  # None without a Redis URL
         self._fingerprint = tok.fingerprint
         # llguidance's view of the tokenizer takes a second or two to build and holds the GIL
         # meanwhile: build it now, so that it never eats into the first compile's deadline.
@@ -97,6 +106,7 @@ class CompileService:
         self._last_miss_done = 0.0  # time.monotonic() when the last miss was answered
         self._refusals = RefusalCache(self.config.failure_ttl_s, self.config.max_memory_entries)
         self._compiler = Compiler(tok, self.config, self._stats)
+        self._publishes = SerialQueue("corral-cache-publish")  # not gated: replicas wait for it
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -167,15 +177,21 @@ class CompileService:
         out["memory_bytes"] = self.memory.bytes
         out["disk_bytes"] = self.disk.bytes_estimate() if self.disk.enabled else 0
         out["disk_max_bytes"] = self.config.max_disk_bytes
+        out["redis_state"] = shared_state(self.shared)
         return out
+
+    def degraded(self) -> dict[str, str]:
+        """The tiers that are configured but not working now, and why (empty when all work)."""
+        why = self.shared.down() if self.shared is not None else None
+        return {"shared_cache": why} if why else {}
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (none until a compile needs one)."""
         return self._compiler.worker_pids()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every compiled entry so far is on disk (entries are written behind)."""
-        return self._writes.flush(timeout)
+        """Wait until every compiled entry so far is on disk and in Redis (written behind)."""
+        return self._publishes.flush(timeout) and self._writes.flush(timeout)
 
     def close(self) -> None:
         """Finish the disk writes and stop the worker processes.
@@ -184,6 +200,8 @@ class CompileService:
         """
         self.flush()
         self._compiler.close()
+        if self.shared is not None:
+            self.shared.close()
 
     def __enter__(self) -> CompileService:
         return self
@@ -222,24 +240,75 @@ class CompileService:
             return Lookup(hit, "memory")
         path = self.disk.path_for(key, self._fingerprint)
         data = self.disk.read(path) if self.disk.enabled else None
+        compiled = self._checked(spec, data)
+        if compiled is not None:
+            self._stats.inc("hits_disk")
+            self.memory.put(key, compiled)
+            return Lookup(compiled, "disk")
         if data is not None:
-            try:
-                compiled = CompiledConstraint.from_bytes(data, self.tok, spec_digest=spec.digest)
-            except CorruptEntry as e:
-                self._stats.inc("stale_entries" if isinstance(e, StaleEntry) else "corrupt_entries")
-                self.disk.discard(path)
-            else:
-                self._stats.inc("hits_disk")
-                self.memory.put(key, compiled)
-                return Lookup(compiled, "disk")
+            self.disk.discard(path)
+        if self.shared is not None:
+            return self._via_redis(spec, key, path, flight)
         compiled = self._compile_counted(spec, key, flight)
         self._keep(key, path, compiled)
         return Lookup(compiled, "compiled")
 
-    def _keep(self, key: str, path: str, compiled: CompiledConstraint) -> None:
+    def _checked(self, spec: ConstraintSpec, data: bytes | None) -> CompiledConstraint | None:
+        """The entry ``data`` loaded, or None when there is none or it does not load (counted)."""
+        if data is None:
+            return None
+        try:
+            return CompiledConstraint.from_bytes(data, self.tok, spec_digest=spec.digest)
+        except CorruptEntry as e:
+            self._stats.inc("stale_entries" if isinstance(e, StaleEntry) else "corrupt_entries")
+            return None
+
+    def _via_redis(self, spec: ConstraintSpec, key: str, path: str, flight: Flight) -> Lookup:
+        """Redis's entry (maybe once another replica compiled it), or compiled here and shared."""
+        claim = self._claim(spec, key, flight)
+        compiled = self._checked(spec, claim.data)
+        if compiled is None and claim.data is not None:  # corrupt or foreign: replace it
+            self.shared.discard(key)
+            claim = self._claim(spec, key, flight)
+            compiled = self._checked(spec, claim.data)
+        if compiled is not None:
+            self._stats.inc("hits_redis")
+            self.memory.put(key, compiled)
+            if self.disk.enabled:
+                self._writes.submit(self.disk.write, path, claim.data)
+            return Lookup(compiled, "redis")
+        try:
+            compiled = self._compile_counted(spec, key, flight)
+        except BaseException:
+            if claim.lease is not None:
+                self.shared.release(claim.lease)  # the next replica to ask compiles it
+            raise
+        self._keep(key, path, compiled, claim.lease)
+        return Lookup(compiled, "compiled")
+
+    def _claim(self, spec: ConstraintSpec, key: str, flight: Flight) -> Claim:
+        try:
+            return self.shared.claim(key, self.config.compile_deadline_s, flight.is_cancelled)
+        except FleetBusy:
+            raise self._compiler.deadline_error(spec) from None
+
+    def _keep(
+        self, key: str, path: str, compiled: CompiledConstraint, lease: Lease | None = None
+    ) -> None:
         self.memory.put(key, compiled)
-        if self.disk.enabled:
+        if self.shared is not None:
+            self._publishes.submit(self._publish, key, path, compiled, lease)
+        elif self.disk.enabled:
             self._writes.submit(self._store, path, compiled)
+
+    def _publish(
+        self, key: str, path: str, compiled: CompiledConstraint, lease: Lease | None
+    ) -> None:
+        """To Redis now (other replicas may be waiting for it), then to disk behind."""
+        data = compiled.to_bytes()
+        self.shared.publish(key, data, lease)
+        if self.disk.enabled:
+            self._writes.submit(self.disk.write, path, data)
 
     def _write_wait(self, submitted: float) -> float:
         """Seconds a disk write submitted at ``submitted`` should still wait.

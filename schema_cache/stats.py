@@ -19,8 +19,12 @@ COUNTERS = (
     "worker_failures",  # compiles lost to a worker that died or could not start (HTTP 503)
     "compiles_cancelled",  # worker compiles stopped because no caller waited for them any more
     "deadline_overruns",  # compiles in the calling thread that finished after the deadline
-    "corrupt_entries",  # disk entries that were truncated, garbled or foreign: a miss
-    "stale_entries",  # disk entries compiled by another version of the grammar code: a miss
+    "corrupt_entries",  # disk or Redis entries that were truncated, garbled or foreign: a miss
+    "stale_entries",  # disk or Redis entries compiled by another version of the grammar code
+    "hits_redis",  # served from the shared Redis tier (compiled by this or another replica)
+    "redis_lock_waits",  # misses that waited for another replica compiling the same entry
+    "redis_writes",  # entries published to Redis
+    "redis_errors",  # Redis commands that failed or timed out (each one served locally)
     "disk_writes",
     "disk_write_skipped",  # entries larger than the whole disk budget, kept in memory only
     "disk_write_errors",  # a failed write (disk full, permissions): the entry stays in memory

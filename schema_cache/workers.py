@@ -58,13 +58,17 @@ def spec_to_request(spec: ConstraintSpec) -> dict[str, Any]:
         "strict": spec.strict,
         "format": [f.item_separator, f.key_separator, f.flexible, f.max_whitespace],
         "digest": spec.digest,
+        "reasoning": list(spec.reasoning) if spec.reasoning is not None else None,
     }
 
 
 def spec_from_request(req: dict[str, Any]) -> ConstraintSpec:
     item, key, flexible, max_ws = req["format"]
     fmt = JsonFormat(item, key, flexible, max_ws)
-    spec = ConstraintSpec(ConstraintKind(req["kind"]), req["source"], req["strict"], fmt)
+    reasoning = tuple(req["reasoning"]) if req.get("reasoning") is not None else None
+    spec = ConstraintSpec(
+        ConstraintKind(req["kind"]), req["source"], req["strict"], fmt, reasoning=reasoning
+    )
     if spec.digest != req["digest"]:
         raise WorkerFailed("the constraint changed on its way to the worker (digest mismatch)")
     return spec

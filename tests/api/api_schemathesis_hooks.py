@@ -32,10 +32,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+#: /v1/responses: fields refused by design, and options that only take one value
+RESPONSES_REFUSED = ("previous_response_id", "conversation", "prompt", "reasoning", "include",
+                     "max_tool_calls", "top_logprobs", "prompt_cache_retention")  # fmt: skip
+RESPONSES_ONLY = {"store": False, "background": False, "truncation": "disabled",
+                  "service_tier": "auto"}  # fmt: skip
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs) -> None:
     body = case.body
     if not isinstance(body, dict):
+        return
+    if case.path == "/v1/responses":
+        _servable_response(body)
         return
     for key in ("max_tokens", "max_completion_tokens"):
         if _is_int(body.get(key)) and body[key] > MAX_TOKENS:
@@ -73,6 +83,18 @@ def _servable(body: dict) -> None:
             body[key] = "{}"
     tools_in_play = body.get("tools") and body.get("tool_choice") != "none"
     _keep_first(body, () if tools_in_play else CONSTRAINTS, drop=CONSTRAINTS)
+
+
+def _servable_response(body: dict) -> None:
+    if not (_is_int(body.get("max_output_tokens")) and body["max_output_tokens"] <= MAX_TOKENS):
+        body["max_output_tokens"] = MAX_TOKENS
+    for key in RESPONSES_REFUSED:
+        body.pop(key, None)
+    for key, value in RESPONSES_ONLY.items():
+        if key in body:
+            body[key] = value
+    if not body.get("stream"):
+        body.pop("stream_options", None)
 
 
 def _keep_first(body: dict, keys: tuple[str, ...], drop: tuple[str, ...] = ()) -> None:

@@ -119,6 +119,18 @@ def test_greedy_text_matches_the_reference_except_at_near_ties(smollm2, quantize
             assert want.text == got.text
 
 
+def test_the_leading_logits_are_exact_float32(smollm2, quantized):
+    """The refined head's leaders are recomputed in float32 and stay so: rounded back to the
+    kernel's bfloat16 steps (0.125 apart near 20) they would tie where the model does not."""
+    prompts = [chat(smollm2, "Name a colour."), chat(smollm2, "Count to five.")]
+    got = all_row_logits(quantized, prompts)
+    assert got.dtype == torch.float32
+    top = got.topk(8, dim=-1).values
+    off_grid = top != top.bfloat16().float()
+    assert off_grid.float().mean().item() > 0.9, "the leaders sit on the bfloat16 grid"
+    assert (top[:, :-1] != top[:, 1:]).all(), "exact ties among the leaders"
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0])
 def test_tiny_random_models_per_quant_type(qtype, tmp_path):
     path = write_random_llama_gguf(default_gguf_path(), tmp_path / f"tiny-{qtype.name}.gguf", qtype)

@@ -27,10 +27,11 @@ def _put(pool: KVPool, cache: RadixCache, ids: list[int]) -> torch.Tensor:
 
 def test_empty_cache_matches_nothing() -> None:
     pool, cache = _cache()
-    idx, node = cache.match_prefix([1, 2, 3])
+    idx, match = cache.match_prefix([1, 2, 3])
     assert idx.numel() == 0 and idx.dtype == torch.int64
+    assert match.node is cache.root
+    node = cache.lock(match)  # locking the root is a harmless no-op
     assert node is cache.root
-    cache.lock(node)  # locking the root is a harmless no-op
     cache.unlock(node)
     assert cache.total_size == 0
     cache.check_integrity(held=[])
@@ -45,12 +46,15 @@ def test_match_returns_slots_of_longest_prefix() -> None:
     cache.check_integrity(held=[])
 
 
-def test_match_inside_an_edge_splits_it_and_locks_exactly_the_prefix() -> None:
+def test_match_inside_an_edge_changes_nothing_and_lock_pins_exactly_the_prefix() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2, 3, 4, 5])
-    _, node = cache.match_prefix([1, 2, 9])
+    before = _shape(cache)
+    _, match = cache.match_prefix([1, 2, 9])
+    assert _shape(cache) == before  # a pure query: no split, no clock moved
+    assert (match.node.key, match.inside) == ((1, 2, 3, 4, 5), 2)
+    node = cache.lock(match)  # the split happens here
     assert node.key == (1, 2)
-    cache.lock(node)
     assert (cache.protected_size, cache.evictable_size) == (2, 3)
     assert cache.evict(100) == 3  # only the unlocked tail [3, 4, 5] can go
     idx, _ = cache.match_prefix([1, 2, 3])
@@ -62,8 +66,8 @@ def test_match_inside_an_edge_splits_it_and_locks_exactly_the_prefix() -> None:
 def test_insert_returns_cached_count_and_frees_only_the_duplicates() -> None:
     pool, cache = _cache()
     first = _put(pool, cache, [1, 2, 3])
-    prefix, node = cache.match_prefix([1, 2, 3, 4, 5])
-    cache.lock(node)
+    prefix, match = cache.match_prefix([1, 2, 3, 4, 5])
+    node = cache.lock(match)
     fresh = pool.alloc(2)
     free_before = pool.num_free
     # The caller passes the tree's own slots for [1,2,3]: none of them may be freed.
@@ -83,12 +87,11 @@ def test_insert_returns_cached_count_and_frees_only_the_duplicates() -> None:
 def test_running_request_can_hand_its_kv_over_and_keep_reading_it() -> None:
     """Chunked prefill: cache the first chunk, then re-match and lock to keep its slots."""
     pool, cache = _cache()
-    _, old = cache.match_prefix([1, 2, 3, 4])
-    cache.lock(old)
+    old = cache.lock(cache.match_prefix([1, 2, 3, 4])[1])
     chunk = pool.alloc(4)
     cache.insert([1, 2, 3, 4], chunk)  # the tree owns `chunk` now
-    idx, node = cache.match_prefix([1, 2, 3, 4])
-    cache.lock(node)
+    idx, match = cache.match_prefix([1, 2, 3, 4])
+    node = cache.lock(match)
     cache.unlock(old)
     assert idx.tolist() == chunk.tolist()
     assert cache.evict(100) == 0  # still pinned by the running request
@@ -127,11 +130,12 @@ def test_evict_is_lru_over_leaves() -> None:
     pool, cache = _cache()
     a = _put(pool, cache, [1, 1, 1])
     b = _put(pool, cache, [2, 2, 2])
-    cache.match_prefix([1, 1, 1, 5])  # a is now more recent than b
+    cache.match_prefix([2, 2, 2])  # only looked at: b stays the least recently used
+    cache.unlock(cache.lock(cache.match_prefix([1, 1, 1, 5])[1]))  # a is used: now the newer
     assert cache.evict(1) == 3  # the whole least recently used leaf goes
     assert pool.is_free(b).all() and not pool.is_free(a).any()
     assert cache.match_prefix([2])[0].numel() == 0
-    cache.match_prefix([1, 1])  # splits a; its untouched last token is now the oldest
+    cache.unlock(cache.lock(cache.match_prefix([1, 1])[1]))  # splits a; its tail is the oldest
     assert cache.evict(1) == 1
     assert cache.match_prefix([1, 1, 1])[0].tolist() == a[:2].tolist()
     cache.check_integrity(held=[])
@@ -142,7 +146,7 @@ def test_evict_cascades_to_parents_that_become_leaves() -> None:
     _put(pool, cache, [1, 2, 3])
     _put(pool, cache, [1, 2, 4])  # tree: [1,2] -> {[3], [4]}
     _put(pool, cache, [9])
-    cache.match_prefix([9])  # [9] most recent
+    cache.unlock(cache.lock(cache.match_prefix([9])[1]))  # [9] most recent
     assert cache.evict(4) == 4  # [3], [4], then their parent [1,2]
     assert cache.total_size == 1
     assert cache.match_prefix([9])[0].numel() == 1
@@ -153,9 +157,9 @@ def test_locked_paths_survive_eviction() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2, 3])
     _put(pool, cache, [4, 5])
-    idx, node = cache.match_prefix([1, 2, 3])
-    cache.lock(node)
-    cache.lock(node)  # two users of the same prefix
+    idx, match = cache.match_prefix([1, 2, 3])
+    node = cache.lock(match)
+    assert cache.lock(match) is node  # two users of the same prefix
     assert cache.evict(100) == 2
     cache.unlock(node)
     assert cache.evict(100) == 0  # still locked once
@@ -169,10 +173,10 @@ def test_locked_paths_survive_eviction() -> None:
 def test_lock_handle_stays_valid_across_a_split_above_it() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2, 3, 4])
-    _, node = cache.match_prefix([1, 2, 3, 4])
-    cache.lock(node)
-    _, mid = cache.match_prefix([1, 2])  # splits the locked edge above `node`
-    assert mid is not node and mid.lock_ref == 1
+    node = cache.lock(cache.match_prefix([1, 2, 3, 4])[1])
+    mid = cache.lock(cache.match_prefix([1, 2])[1])  # splits the locked edge above `node`
+    assert mid is not node and mid.lock_ref == 2 and node.parent is mid
+    cache.unlock(mid)
     cache.check_integrity(held=[])
     cache.unlock(node)
     assert (cache.protected_size, cache.evictable_size) == (0, 4)
@@ -182,20 +186,19 @@ def test_lock_handle_stays_valid_across_a_split_above_it() -> None:
 def test_lock_of_an_evicted_node_and_unbalanced_unlock_raise() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2])
-    _, node = cache.match_prefix([1, 2])
+    _, match = cache.match_prefix([1, 2])
     with pytest.raises(KVIntegrityError, match="unlock without lock"):
-        cache.unlock(node)
+        cache.unlock(match.node)
     cache.evict(2)
     with pytest.raises(KVIntegrityError, match="evicted"):
-        cache.lock(node)
+        cache.lock(match)
     cache.check_integrity(held=[])
 
 
 def test_aborted_request_that_frees_its_slots_leaks_nothing() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2, 3])
-    _, node = cache.match_prefix([1, 2, 3, 4, 5, 6])
-    cache.lock(node)
+    node = cache.lock(cache.match_prefix([1, 2, 3, 4, 5, 6])[1])
     fresh = pool.alloc(3)
     cache.check_integrity(held=[fresh])
     with pytest.raises(KVIntegrityError, match="leaked"):
@@ -225,8 +228,7 @@ def test_integrity_catches_broken_lock_counts() -> None:
     pool, cache = _cache()
     _put(pool, cache, [1, 2, 3])
     _put(pool, cache, [1, 2, 4])
-    _, leaf = cache.match_prefix([1, 2, 3])
-    cache.lock(leaf)
+    leaf = cache.lock(cache.match_prefix([1, 2, 3])[1])
     leaf.parent.lock_ref = 0  # white-box: parent below its child
     with pytest.raises(KVIntegrityError, match="lock_ref"):
         cache.check_integrity()
@@ -249,6 +251,18 @@ class _Live:
     node: object
 
 
+def _shape(cache: RadixCache) -> list[tuple[tuple[int, ...], int, int, int]]:
+    """Every node as (key, slots' first value, last_access, lock_ref), in a fixed order: equal
+    before and after an operation that must not change the tree."""
+    out, stack = [], [cache.root]
+    while stack:
+        node = stack.pop()
+        first = int(node.value[0]) if node.value.numel() else -1
+        out.append((node.key, first, node.last_access, node.lock_ref))
+        stack.extend(node.children[k] for k in sorted(node.children))
+    return out
+
+
 def _tree_contents(cache: RadixCache) -> dict[tuple[int, ...], int]:
     """Every cached prefix -> the slot of its last token, read off the tree's nodes."""
     out: dict[tuple[int, ...], int] = {}
@@ -264,7 +278,8 @@ def _tree_contents(cache: RadixCache) -> dict[tuple[int, ...], int]:
 
 class RadixMachine(RuleBasedStateMachine):
     """The model: `cached` maps each cached prefix to its last token's slot (prefix-closed);
-    `used` maps it to the model clock of its last match/insert, for the LRU check."""
+    `used` maps it to the model clock of its last lock/insert, for the LRU check (a match alone
+    is a pure query: it must leave the tree, clocks included, exactly as it was)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -291,11 +306,12 @@ class RadixMachine(RuleBasedStateMachine):
         return {r.ids[:i] for r in self.live for i in range(1, r.prefix.numel() + 1)}
 
     def _match(self, ids: tuple[int, ...]) -> tuple[torch.Tensor, object]:
-        idx, node = self.cache.match_prefix(ids)
+        before = _shape(self.cache)
+        idx, match = self.cache.match_prefix(ids)
         n = self._model_match(ids)
         assert idx.tolist() == [self.cached[ids[:i]] for i in range(1, n + 1)]
-        self._touch(ids, n)
-        return idx, node
+        assert _shape(self.cache) == before
+        return idx, match
 
     def _insert(self, ids: tuple[int, ...], slots: torch.Tensor) -> None:
         expected = self._model_match(ids)
@@ -333,8 +349,9 @@ class RadixMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.live) < 4)
     @rule(ids=SEQS)
     def start_request(self, ids: tuple[int, ...]) -> None:
-        prefix, node = self._match(ids)
-        self.cache.lock(node)
+        prefix, match = self._match(ids)
+        node = self.cache.lock(match)
+        self._touch(ids, prefix.numel())
         req = _Live(ids, prefix, torch.empty(0, dtype=torch.int64), node)
         self.live.append(req)  # before _alloc: its eviction must see this lock
         fresh = self._alloc(len(ids) - prefix.numel())

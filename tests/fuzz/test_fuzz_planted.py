@@ -12,11 +12,9 @@ from jsonschema import Draft202012Validator
 
 from corral.cli import main as corral_main
 from corral.fuzz.judge import parse_output
-from corral.fuzz.pool import _tokenizer_view
 from corral.fuzz.probe import check_tokens, random_walk
 from corral.fuzz.stats import LogHistogram
 from corral.fuzz.targets import drop_keyword, make_target
-from corral.fuzz.worker import TokenizerSpec
 
 ORDER = {
     "type": "object",
@@ -48,11 +46,6 @@ QUICK = "--jobs 0 --walks 4 --draws 4 --mutations 12 --no-progress"
 def fuzz(args: str) -> int:
     """``corral fuzz <args>`` through the real command-line entry point; its exit status."""
     return corral_main(["fuzz", *shlex.split(args)])
-
-
-@pytest.fixture(scope="module")
-def view():
-    return _tokenizer_view(TokenizerSpec())
 
 
 @pytest.fixture

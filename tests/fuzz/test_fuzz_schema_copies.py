@@ -22,10 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from corral.cli import main as corral_main
 from corral.fuzz.casework import CaseConfig, run_case
 from corral.fuzz.corpus import load_file
-from corral.fuzz.pool import _tokenizer_view
 from corral.fuzz.strategies import schemas
 from corral.fuzz.targets import Target, make_target
-from corral.fuzz.worker import TokenizerSpec
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.schema_close import close_objects
@@ -53,11 +51,6 @@ def slice_dir(corpus, tmp_path_factory) -> Path:
     for name in SLICE:
         shutil.copy(src / f"{name}.json", dst / f"{name}.json")
     return dst
-
-
-@pytest.fixture(scope="module")
-def view():
-    return _tokenizer_view(TokenizerSpec())
 
 
 class Recording:

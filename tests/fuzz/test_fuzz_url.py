@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from corral.cli import main as corral_main
-from corral.fuzz.http_target import _RateLimiter, api_base
+from corral.fuzz.http_target import TOOL_NAME, _arguments, _RateLimiter, api_base
 
 STARTUP_TIMEOUT_S = 300
 SCHEMAS = {
@@ -52,6 +52,19 @@ def test_rate_limiter_spaces_requests():
 
 def test_api_base_accepts_both_spellings():
     assert api_base("http://h:1") == api_base("http://h:1/v1/") == "http://h:1/v1"
+
+
+def test_tool_mode_accepts_only_one_call_to_the_named_function():
+    def call(name: str, args: str = "{}") -> dict:
+        return {"id": "c", "type": "function", "function": {"name": name, "arguments": args}}
+
+    assert _arguments({"tool_calls": [call(TOOL_NAME, '{"a": 1}')]}) == ("ok", '{"a": 1}')
+    for message in (
+        {"content": "no call", "tool_calls": None},
+        {"tool_calls": [call("other")]},
+        {"tool_calls": [call(TOOL_NAME), call(TOOL_NAME)]},
+    ):
+        assert _arguments(message)[0] == "wrong-call"
 
 
 def _free_port() -> int:
@@ -123,4 +136,27 @@ def test_url_mode_finds_corral_sound(corral_url, tmp_path):
     # Every completion that finished was judged, and Corral's constrained outputs are all valid.
     assert t["walks"].get("ok", 0) >= len(SCHEMAS)
     assert t["walks"].get("invalid", 0) == 0, report["failures"]
+    assert rc == 0
+
+
+def test_url_mode_via_tool_calls_finds_corral_sound(corral_url, tmp_path):
+    """The schemas as the parameters of a forced tool call: every call's arguments are judged."""
+    corpus = tmp_path / "schemas"
+    corpus.mkdir()
+    for name, schema in SCHEMAS.items():
+        (corpus / f"{name}.json").write_text(json.dumps(schema))
+    report_path = tmp_path / "report.json"
+    args = (
+        f"fuzz --target {corral_url} --via tools --corpus {corpus} --budget {len(SCHEMAS)} "
+        f"--samples 2 --max-tokens 64 --concurrency 2 --json {report_path} "
+        f"--out {tmp_path / 'found'} --no-progress"
+    )
+    rc = corral_main(shlex.split(args))
+    report = json.loads(report_path.read_text())
+    t = report["targets"][corral_url]
+    assert "tool_choice" in report["meta"]["engines"][corral_url]["constrained by"]
+    assert t["status"].get("error", 0) == 0 and t["status"].get("hang", 0) == 0, report["failures"]
+    # the object schema (a function's usual parameters) is served and judged on both samples
+    assert t["walks"].get("ok", 0) >= 2, t
+    assert t["walks"].get("invalid", 0) == 0 and "wrong-call" not in t["walks"], report["failures"]
     assert rc == 0

@@ -90,7 +90,8 @@ def test_search_semantics_survive_translation(tok, pattern, good, bad):
 
 
 def test_look_around_is_refused_or_reported():
-    schema = {"properties": {"a": {"type": "string", "pattern": "^(?!x)"}}}
+    # a negative look-ahead after the start (`^(?!x)` alone has a regular meaning: rewritten)
+    schema = {"properties": {"a": {"type": "string", "pattern": "a(?!x)"}}}
     with pytest.raises(ConstraintError) as e:
         analyze_schema(schema)
     assert (e.value.pointer, e.value.keyword) == ("/properties/a/pattern", "pattern")

@@ -1,0 +1,220 @@
+"""`corral fleet` with 2 replicas on this machine: what the shared compile cache and the router buy.
+
+1. Time to first token of a never-seen schema on one replica (a cold compile) vs the same schema
+   on the other replica right after (a hit in the shared Redis tier). The replicas share this
+   machine's disk cache, so its entries are deleted in between: the second replica finds the
+   schema where a replica on another machine would, in Redis. Schemas: the slowest to compile
+   of the largest MaskBench schemas (the compiles a shared cache is for; their in-process
+   compile times are printed first); the two replicas take turns being first.
+2. Prefix-cache hit rate (cached prompt tokens / prompt tokens) of the router vs round-robin
+   (requests pinned to the replicas in turn) on the same workload: P long system prompts, M
+   questions each, in shuffled order, one request at a time.
+
+    .venv/bin/python bench/fleet.py                     # starts a redis-server itself
+    .venv/bin/python bench/fleet.py --cache-url redis://127.0.0.1:6379/0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from provenance import free_port, header
+
+from corral.api.config import ServerConfig
+from corral.fleet.affinity import REPLICA_HEADER
+from corral.fleet.app import FleetConfig, FleetRunner
+from corral.paths import constraints_root
+from corral.schema_cache.redis_store import PREFIX
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def slowest_schemas(corpus: Path, scan: int, n: int) -> list[dict]:
+    """The `n` slowest to compile (strict, the served model's tokenizer, no cache) of the `scan`
+    largest MaskBench schemas: what a shared compile cache is for. Refused ones are left out."""
+    from corral.cli_cache import _served_tokenizer
+    from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
+
+    tok = _served_tokenizer(None)
+    sized = sorted(((p.stat().st_size, p) for p in corpus.glob("*.json")), reverse=True)
+    timed = []
+    for _, path in sized[:scan]:
+        schema = json.loads(path.read_text())["schema"]
+        t0 = time.perf_counter()
+        try:
+            compile_constraint(ConstraintSpec.json_schema(schema, strict=True), tok)
+        except ConstraintError:
+            continue
+        timed.append((time.perf_counter() - t0, path.stem, schema))
+    timed.sort(key=lambda t: t[0], reverse=True)
+    all_ms = sorted(t[0] * 1e3 for t in timed)
+    print(f"in-process compile of the {scan} largest schemas ({len(timed)} compiled): median "
+          f"{statistics.median(all_ms):.0f} ms, max {all_ms[-1]:.0f} ms; timing the {n} slowest: "
+          + ", ".join(f"{name} {t * 1e3:.0f} ms" for t, name, _ in timed[:n]))  # fmt: skip
+    return [schema for _, _, schema in timed[: 2 * n]]
+
+
+def stream_ttft(url: str, body: dict, replica: str | None) -> tuple[float, str, int]:
+    """(seconds to the first content delta, replica that answered, HTTP status)."""
+    headers = {REPLICA_HEADER: replica} if replica else {}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body | {"stream": True},
+                      headers=headers, timeout=300) as r:  # fmt: skip
+        if r.status_code != 200:
+            r.read()
+            return 0.0, r.headers.get(REPLICA_HEADER, "?"), r.status_code
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: {") and _has_content(json.loads(line[6:])):
+                ttft = time.perf_counter() - t0
+                break
+        else:
+            ttft = float("nan")
+        for _ in lines:  # the rest of the stream
+            pass
+    return ttft, r.headers[REPLICA_HEADER], 200
+
+
+def _has_content(chunk: dict) -> bool:
+    return any(c.get("delta", {}).get("content") for c in chunk.get("choices", ()))
+
+
+def replica_ids(url: str) -> list[str]:
+    seen: set[str] = set()
+    while len(seen) < 2:
+        seen.add(httpx.get(url + "/health", timeout=30).headers[REPLICA_HEADER])
+    return sorted(seen)
+
+
+def entries(redis_client) -> set[bytes]:
+    return {k for k in redis_client.keys(PREFIX + "*") if not k.endswith(b":lock")}
+
+
+def wait_published(redis_client, before: set[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if entries(redis_client) - before:
+            return
+        time.sleep(0.05)
+    raise SystemExit("the compiled constraint never reached Redis")
+
+
+def compile_sharing(url: str, model: str, cache: Path, replicas: list[str], schemas: list,
+                    want: int, redis) -> None:  # fmt: skip
+    cold, shared, warm = [], [], []
+    for i, schema in enumerate(schemas):
+        if len(cold) == want:
+            break
+        first, second = replicas if len(cold) % 2 == 0 else replicas[::-1]
+        body = {"messages": [{"role": "user", "content": "Fill in this form as JSON."}],
+                "max_tokens": 4, "temperature": 0, "model": model,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": f"s{i}", "schema": schema}}}  # fmt: skip
+        before = entries(redis)
+        t_cold, who, status = stream_ttft(url, body, first)
+        if status != 200:
+            print(f"  schema {i}: HTTP {status} (not compilable here), skipped")
+            continue
+        assert who == first
+        wait_published(redis, before)
+        for entry in constraints_root(cache).rglob("*.cc"):
+            entry.unlink()
+        t_shared, who, _ = stream_ttft(url, body, second)
+        assert who == second
+        t_warm, _, _ = stream_ttft(url, body, second)  # now in the replica's memory
+        cold.append(t_cold), shared.append(t_shared), warm.append(t_warm)
+        print(f"  schema {i}: cold {t_cold * 1e3:7.1f} ms   via Redis {t_shared * 1e3:7.1f} ms   "
+              f"in memory {t_warm * 1e3:7.1f} ms")  # fmt: skip
+    c, s, w = (statistics.median(x) for x in (cold, shared, warm))
+    print(f"time to first token, median of {len(cold)} schemas: cold compile {c * 1e3:.1f} ms, "
+          f"compiled on the other replica (Redis) {s * 1e3:.1f} ms, in memory {w * 1e3:.1f} ms; "
+          f"Redis / cold = {s / c:.2f}x (target <= 0.3x)")  # fmt: skip
+
+
+def workload(tag: str, prefixes: int, questions: int, seed: int) -> list[list[dict]]:
+    """``prefixes`` x ``questions`` conversations, shuffled; each prompt starts with ~1,500
+    characters shared with its prefix group."""
+    words = "ledger archive census harbour lantern orchard quarry meadow beacon".split()
+    rng = random.Random(seed)
+    systems = [f"[{tag} {p}] You keep the records of the {rng.choice(words)} office. " +
+               " ".join(rng.choice(words) for _ in range(220)) for p in range(prefixes)]  # fmt: skip
+    convs = [[{"role": "system", "content": s}, {"role": "user", "content": f"Question {q}?"}]
+             for s in systems for q in range(questions)]  # fmt: skip
+    rng.shuffle(convs)
+    return convs
+
+
+def hit_rate(url: str, model: str, convs: list, pins: list[str] | None) -> float:
+    cached = prompt = 0
+    for i, messages in enumerate(convs):
+        headers = {REPLICA_HEADER: pins[i % len(pins)]} if pins else {}
+        r = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=300,
+                       json={"model": model, "messages": messages, "max_tokens": 1})  # fmt: skip
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        cached += usage["prompt_tokens_details"]["cached_tokens"]
+        prompt += usage["prompt_tokens"]
+    return cached / prompt
+
+
+def run(tmp: Path, args: argparse.Namespace, cache_url: str) -> None:
+    import redis
+
+    from corral.engine.assets import resolve_model_folder
+
+    cache = tmp / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(resolve_model_folder(None).parent)
+    server = ServerConfig(port=free_port(), cache_dir=str(cache), cache_url=cache_url,
+                          memory_bytes=512 << 20, max_concurrent=4, compile_workers=1,
+                          log_level="warning")  # fmt: skip
+    config = FleetConfig(server=server, replicas=2)
+    url = f"http://127.0.0.1:{server.port}"
+    with FleetRunner(config):
+        replicas = replica_ids(url)
+        model = httpx.get(url + "/health", timeout=30).json()["model"]
+        print(f"2 replicas, {config.replica_threads} torch threads each: {replicas}")
+        with redis.Redis.from_url(cache_url) as client:
+            schemas = slowest_schemas(CORPUS, args.scan, args.schemas)
+            compile_sharing(url, model, cache, replicas, schemas, args.schemas, client)
+        shape = (args.prefixes, args.questions)
+        routed = hit_rate(url, model, workload("router", *shape, seed=1), None)
+        rr = hit_rate(url, model, workload("round-robin", *shape, seed=1), replicas)
+        print(f"prefix-cache hit rate ({args.prefixes} prefixes x {args.questions} questions, "
+              f"shuffled, one at a time): router {routed:.3f}, round-robin {rr:.3f}, "
+              f"router / round-robin = {routed / rr:.2f}x")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache-url", help="a Redis to use; default: start a redis-server here")
+    ap.add_argument("--schemas", type=int, default=8, help="slowest-compiling schemas to time")
+    ap.add_argument("--scan", type=int, default=120, help="largest schemas to pick them from")
+    ap.add_argument("--prefixes", type=int, default=4)
+    ap.add_argument("--questions", type=int, default=6)
+    args = ap.parse_args(argv)
+    print(header(__file__), flush=True)
+    sys.path.insert(0, str(TESTS))
+    from redis_server import RedisServer  # the tests' real redis-server, started the same way
+
+    with tempfile.TemporaryDirectory(prefix="corral-fleet-bench-") as tmp:
+        redis_server = None if args.cache_url else RedisServer(Path(tmp) / "redis")
+        try:
+            run(Path(tmp), args, args.cache_url or redis_server.url)
+        finally:
+            if redis_server is not None:
+                redis_server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The exact regex algebra behind `not: {pattern}` and pattern-disjoint `oneOf` branches.
+
+Every answer is checked against Python's `re.search` (the judge's semantics for `pattern`) on
+random strings drawn from the pattern's own characters plus neighbours, and the rewrites it
+enables are walked token by token through the real backend with the real Llama-3 tokenizer,
+every finished walk judged by `jsonschema`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from test_grammar_walks import _walk_schema
+
+from corral.grammar import ConstraintError, JsonFormat
+from corral.grammar.regex_algebra import complement, disjoint, matches, regular
+from corral.grammar.schema_analysis import analyze_schema
+
+PATTERNS = [
+    "APPROVER",
+    "^a",
+    "b$",  # Python's `$` also matches before a final newline
+    "^a\\Z",
+    "x|^y$",
+    "^#[0-9a-fA-F]{6}$",
+    "^(?:fo+|ba[rz])$",
+    "^[^\\s,]+(?:,[^\\s,]+)*$",
+    "[\\d.]{2,3}",
+    "^.?$",
+    "é|\\u0660",
+    "^(ab)*c?$",
+    "",
+    "^(?!ab)[a-c]+$",  # look-arounds with a regular meaning
+    "^(?=a)[ab]{2}",
+    "((?:[^/]*/)*)(?=\\.(yaml|json))",
+    "(?<=a)b",
+    "x|^(?!a)b",
+]
+ALPHABET = list("abcxyfoorz#09AF,./ \n\té") + ["\u0660", "APPROVER", "SIGNER", "ab", ".yaml"]
+
+
+def _strings(rng: random.Random, n: int) -> list[str]:
+    return ["".join(rng.choices(ALPHABET, k=rng.randint(0, 9))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_complement_is_exact(pattern):
+    c = complement(pattern)
+    assert c is not None
+    if c.empty:
+        assert all(re.search(pattern, s) for s in _strings(random.Random(1), 500))
+        return
+    theirs, ours = re.compile(pattern), re.compile(c.python)
+    for s in _strings(random.Random(pattern), 3000) + ["", "\n", "a\n", "b\n", "y\n"]:
+        assert bool(ours.search(s)) != bool(theirs.search(s)), (pattern, s)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS[-5:])
+def test_look_arounds_are_written_without_them(pattern):
+    r = regular(pattern)
+    assert r is not None and "(?" not in r.backend.replace("(?:", "")
+    theirs, ours = re.compile(pattern), re.compile(r.python)
+    for s in _strings(random.Random(pattern), 3000):
+        assert bool(ours.search(s)) == bool(theirs.search(s)), (pattern, s)
+
+
+def test_disjoint_is_sound_and_decides_simple_pairs():
+    strings = _strings(random.Random(0), 4000)
+    for a in PATTERNS:
+        for b in PATTERNS:
+            verdict = disjoint((a,), (b,))
+            both = [s for s in strings if re.search(a, s) and re.search(b, s)]
+            if verdict:
+                assert not both, (a, b, both[:3])
+    assert disjoint(("APPROVER",), ("SIGNER",)) is False  # "APPROVER SIGNER"
+    assert disjoint(("^APPROVER$",), ("^SIGNER$",)) is True
+    assert disjoint(("^#[0-9a-f]{6}$",), ("^[a-z]+$",)) is True
+    assert disjoint(("^a\\Z",), ("^a$",)) is False
+
+
+@pytest.mark.parametrize(
+    "pattern", ["a(?=b)c", "(?!a)b", "\\bfoo", "(a)\\1", "^a{5000}$", "(?i)a", "a^b"]
+)
+def test_outside_the_model_is_undecided(pattern):
+    assert complement(pattern) is None
+    assert disjoint((pattern,), ("^zzz$",)) is None
+    assert regular(pattern) is None
+
+
+REWRITTEN = [
+    {"type": "string", "not": {"pattern": "^[a-z]"}},
+    {"type": "string", "minLength": 1, "not": {"pattern": "^[\\.\\,\\*\\-\\s\\{\\}\\(\\)]+$"}},
+    {
+        "type": "object",
+        "properties": {
+            "role": {"maxLength": 6, "oneOf": [{"pattern": "^APP"}, {"pattern": "^SIG"}]}
+        },
+        "required": ["role"],
+        "additionalProperties": False,
+    },
+    {"type": "string", "maxLength": 3, "oneOf": [{"pattern": "^a"}, {"pattern": "b$"}]},
+    {"type": "string", "oneOf": [{"enum": ["red", "x"]}, {"pattern": "^#[0-9a-fA-F]{6}$"}]},
+    {"type": "string", "maxLength": 8, "pattern": "^(?!ab)[a-c]+$"},
+]
+
+
+@pytest.mark.parametrize("schema", REWRITTEN, ids=[str(i) for i in range(len(REWRITTEN))])
+def test_walks_through_rewritten_patterns_are_valid(schema, llama3_tokenizer):
+    """The backend enforces what the judge checks: 12 walks each, every finished one valid."""
+    analyze_schema(schema)  # compiles in strict mode: nothing was dropped
+    done, problems = _walk_schema(schema, JsonFormat(), llama3_tokenizer, random.Random(7), 12)
+    assert not problems, problems[0]
+    assert done >= 4
+
+
+def test_a_pattern_beyond_the_algebra_is_refused_with_its_pointer():
+    with pytest.raises(ConstraintError) as info:
+        analyze_schema({"properties": {"a": {"not": {"pattern": "^x{5000}"}}}})
+    assert (info.value.pointer, info.value.keyword) == ("/properties/a/not", "not")
+    assert "regex algebra" in info.value.reason
+
+
+def test_matches_agrees_with_re_search():
+    strings = _strings(random.Random(3), 1500) + ["", "\n", "b\n", "y\n"]
+    for pattern in PATTERNS:
+        for s in strings:
+            assert matches(pattern, s) == bool(re.search(pattern, s)), (pattern, s)
+    assert matches("(?=a)a", "a") is None
