@@ -117,20 +117,25 @@ def corral_url(tmp_path_factory):
             proc.kill()
 
 
-def test_url_mode_finds_corral_sound(corral_url, tmp_path):
+def fuzz_url(corral_url: str, tmp_path, flags: str) -> tuple[int, dict, dict]:
+    """`corral fuzz --target URL` over SCHEMAS: its exit status, report and URL target row."""
     corpus = tmp_path / "schemas"
     corpus.mkdir()
     for name, schema in SCHEMAS.items():
         (corpus / f"{name}.json").write_text(json.dumps(schema))
     report_path = tmp_path / "report.json"
     args = (
-        f"fuzz --target {corral_url} --corpus {corpus} --budget {len(SCHEMAS)} --samples 2 "
-        f"--max-tokens 64 --concurrency 2 --rate 10 --json {report_path} "
+        f"fuzz --target {corral_url} {flags} --corpus {corpus} --budget {len(SCHEMAS)} "
+        f"--samples 2 --max-tokens 64 --concurrency 2 --json {report_path} "
         f"--out {tmp_path / 'found'} --no-progress"
     )
     rc = corral_main(shlex.split(args))
     report = json.loads(report_path.read_text())
-    t = report["targets"][corral_url]
+    return rc, report, report["targets"][corral_url]
+
+
+def test_url_mode_finds_corral_sound(corral_url, tmp_path):
+    rc, report, t = fuzz_url(corral_url, tmp_path, "--rate 10")
     assert t["schemas"] == len(SCHEMAS)
     assert t["status"].get("error", 0) == 0 and t["status"].get("hang", 0) == 0, report["failures"]
     # Every completion that finished was judged, and Corral's constrained outputs are all valid.
@@ -141,19 +146,7 @@ def test_url_mode_finds_corral_sound(corral_url, tmp_path):
 
 def test_url_mode_via_tool_calls_finds_corral_sound(corral_url, tmp_path):
     """The schemas as the parameters of a forced tool call: every call's arguments are judged."""
-    corpus = tmp_path / "schemas"
-    corpus.mkdir()
-    for name, schema in SCHEMAS.items():
-        (corpus / f"{name}.json").write_text(json.dumps(schema))
-    report_path = tmp_path / "report.json"
-    args = (
-        f"fuzz --target {corral_url} --via tools --corpus {corpus} --budget {len(SCHEMAS)} "
-        f"--samples 2 --max-tokens 64 --concurrency 2 --json {report_path} "
-        f"--out {tmp_path / 'found'} --no-progress"
-    )
-    rc = corral_main(shlex.split(args))
-    report = json.loads(report_path.read_text())
-    t = report["targets"][corral_url]
+    rc, report, t = fuzz_url(corral_url, tmp_path, "--via tools")
     assert "tool_choice" in report["meta"]["engines"][corral_url]["constrained by"]
     assert t["status"].get("error", 0) == 0 and t["status"].get("hang", 0) == 0, report["failures"]
     # the object schema (a function's usual parameters) is served and judged on both samples
