@@ -13,7 +13,11 @@ memory), as vLLM's `gpu_memory_utilization`; on the CPU it is `kv_cache_bytes`, 
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 DTYPES = {
     "float32": torch.float32,
@@ -93,4 +97,31 @@ def cuda_kv_budget(
             f"{activation_peak / gib:.2f} GiB; raise --gpu-memory-fraction, lower "
             f"max_batched_tokens or serve a smaller model"
         )
+    return budget
+
+
+def profiled_kv_budget(runner, fraction: float, tokens: int) -> int:
+    """KV bytes for `runner`'s model on its CUDA device: one forward of `tokens` tokens is run
+    on a scratch pool to measure its activation peak, then `cuda_kv_budget`."""
+    from corral.engine.kv_pool import KVPool
+    from corral.engine.model_runner import ForwardBatch
+
+    device, c = runner.device, runner.config
+    probe = runner.make_kv_pool(tokens + 1)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    runner.forward(
+        ForwardBatch.from_sequences([[0] * tokens], [torch.arange(1, tokens + 1)]), probe
+    )
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del probe
+    torch.cuda.empty_cache()
+    slot = KVPool.slot_bytes(c.num_layers, c.num_kv_heads, c.head_dim, runner.dtype)
+    budget = cuda_kv_budget(device, fraction, peak, slot)
+    log.info(
+        "KV pool on %s: %.2f GiB (%d tokens); one forward of %d tokens peaks at %.2f GiB",
+        device, budget / (1 << 30), budget // slot, tokens, peak / (1 << 30),
+    )  # fmt: skip
     return budget

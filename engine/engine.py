@@ -50,7 +50,6 @@ from corral.engine.detokenize import Detokenizer
 from corral.engine.drafter import Drafter
 from corral.engine.faults import Faults
 from corral.engine.grammar_masks import MaskFill, MaskFiller
-from corral.engine.kv_pool import KVPool
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.overlap import OverlapLoop
 from corral.engine.postprocess import Postprocessor
@@ -108,31 +107,10 @@ class Engine:
         fraction, device = self.config.gpu_memory_fraction, self.runner.device
         if device.type != "cuda" or fraction is None:
             return self.config.kv_cache_bytes
-        from corral.engine.device import cuda_kv_budget
+        from corral.engine.device import profiled_kv_budget
 
-        c = self.runner.config
         tokens = min(self.config.max_batched_tokens, self.max_model_len)
-        probe = self.runner.make_kv_pool(tokens + 1)
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        ids = [[0] * tokens]
-        self.runner.forward(ForwardBatch.from_sequences(ids, [torch.arange(1, tokens + 1)]), probe)
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-        del probe
-        torch.cuda.empty_cache()
-        slot = KVPool.slot_bytes(c.num_layers, c.num_kv_heads, c.head_dim, self.runner.dtype)
-        budget = cuda_kv_budget(device, fraction, peak, slot)
-        log.info(
-            "KV pool on %s: %.2f GiB (%d tokens); one forward of %d tokens peaks at %.2f GiB",
-            device,
-            budget / (1 << 30),
-            budget // slot,
-            tokens,
-            peak / (1 << 30),
-        )
-        return budget
+        return profiled_kv_budget(self.runner, fraction, tokens)
 
     # ---- requests --------------------------------------------------------------------------
 
