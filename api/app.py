@@ -22,7 +22,7 @@ from corral.api.errors import (
     unauthorized,
 )
 from corral.api.openapi import build_openapi
-from corral.api.protocol import ChatCompletionRequest, CompletionRequest
+from corral.api.protocol import ChatCompletionRequest, CompletionRequest, ConstraintRequest
 from corral.api.protocol_responses import ResponsesRequest
 from corral.api.responses import (
     ChatCompletion,
@@ -34,6 +34,7 @@ from corral.api.responses import (
 )
 from corral.api.serving_chat import create_chat_completion
 from corral.api.serving_completion import create_completion
+from corral.api.serving_constraints import ConstraintReceipt, constraint_receipt
 from corral.api.serving_responses import RESPONSE_DOC, create_response
 from corral.api.state import ServerState
 
@@ -123,6 +124,24 @@ def _add_routes(app: FastAPI) -> None:
     )
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         return await create_response(_state(request), body, request)
+
+    @app.post(
+        "/v1/constraints/validate",
+        dependencies=v1,
+        response_model=ConstraintReceipt,
+        responses=_ERRORS,
+    )
+    async def validate_constraint(body: ConstraintRequest, request: Request) -> JSONResponse:
+        """Dry run: whether Corral enforces this request's constraint exactly (its receipt) or
+        the 400 a chat request with it would get; nothing is generated."""
+        return await constraint_receipt(_state(request), body, request)
+
+    @app.post(
+        "/v1/constraints", dependencies=v1, response_model=ConstraintReceipt, responses=_ERRORS
+    )
+    async def precompile_constraint(body: ConstraintRequest, request: Request) -> JSONResponse:
+        """Compile this request's constraint into the server's cache, as a chat request would."""
+        return await constraint_receipt(_state(request), body, request)
 
     @app.get("/v1/models", dependencies=v1, response_model=ModelList, responses={401: _ERRORS[401]})
     async def models(request: Request) -> JSONResponse:

@@ -86,6 +86,7 @@ class ChoiceState:
     plan: ToolPlan
     reasoning_format: ReasoningFormat | None = None
     finish_reason: str | None = None
+    budget_close: Any = None  # the engine's BudgetReport, with the last output
     logprobs: list[Any] = field(default_factory=list)
     content: str = ""
     reasoning: str = ""
@@ -104,6 +105,7 @@ class ChoiceState:
             self.logprobs.extend(out.logprobs)
         if out.finish_reason is not None:
             self.finish_reason = out.finish_reason
+            self.budget_close = getattr(out, "budget_close", None)
         update = self._split(out.text, final=False)
         if self.finished:
             tail = self._split("", final=True)

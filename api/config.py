@@ -89,6 +89,7 @@ class ServerConfig:
     mask_threads: int | None = None
     mask_deadline_ms: float = 20.0
     overlap: bool = False
+    cuda_graphs: bool = True
     cache_dir: str | None = None
     log_level: str = "info"
     open_objects: bool = False
@@ -109,6 +110,7 @@ class ServerConfig:
     compile_workers: int = 2
     compile_deadline_s: float = 10.0
     cache_url: str | None = None
+    cache_prefetch: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -198,6 +200,7 @@ class ServerConfig:
             mask_threads=self.mask_threads,
             mask_grace_ms=self.mask_deadline_ms if self.mask_deadline_ms > 0 else None,
             overlap=self.overlap,
+            cuda_graphs=self.cuda_graphs,
         )
 
     @classmethod
@@ -258,6 +261,9 @@ SETTINGS: tuple[Setting, ...] = (
             "true: schedule step n+1 and start the model on it before step n's tokens are "
             "read back and postprocessed (same outputs); default false (no gain measured on "
             "the CPU)"),
+    Setting("cuda_graphs", "--cuda-graphs", "CORRAL_CUDA_GRAPHS", parse_bool,
+            "on CUDA: replay decode steps from CUDA graphs captured per batch-size bucket "
+            "(default true; false or --no-cuda-graphs: every step eager); ignored on the CPU"),
     Setting("cache_dir", "--cache-dir", CACHE_DIR_ENV, str,
             "converted models and compiled constraints (default ~/.cache/corral)"),
     Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,
@@ -293,4 +299,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cache_url", "--cache-url", "CORRAL_CACHE_URL", str,
             "redis://host:port/db: compiled constraints shared with every replica naming the "
             "same Redis, after memory and disk (default: none; see README, Scaling out)"),
+    Setting("cache_prefetch", "--cache-prefetch", "CORRAL_CACHE_PREFETCH", parse_bool,
+            "with --cache-url: load the constraints other replicas compile into memory in the "
+            "background, before a request asks for them (default true)"),
 )  # fmt: skip

@@ -121,8 +121,9 @@ async def compile_for(
     spec: Any,
     on_error: Callable[[ConstraintError], ApiError],
 ) -> Any:
-    """The compiled constraint of an admitted request (a ConstraintError becomes ``on_error``'s
-    400); abandoned, and the compile cancelled, if the client disconnects meanwhile."""
+    """The compiled constraint of an admitted request, as the compile service's ``Lookup``
+    (where it came from; a ConstraintError becomes ``on_error``'s 400); abandoned, and the
+    compile cancelled, if the client disconnects meanwhile."""
     return await unless_disconnected(request, compile_or_400(state.compile_fn, spec, on_error))
 
 

@@ -166,6 +166,8 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
          "failed or timed out (each request was served from the local tiers)", ("redis_errors",)),
         ("corral_constraint_cache_redis_lock_waits", "misses that waited for another replica "
          "compiling the same constraint", ("redis_lock_waits",)),
+        ("corral_constraint_cache_prefetched", "constraints other replicas compiled, loaded into "
+         "memory before a request asked for them", ("prefetched",)),
     )  # fmt: skip
     redis = GaugeMetricFamily(
         "corral_constraint_cache_redis_state",

@@ -56,6 +56,7 @@ from corral.grammar.input_checks import lone_surrogate_path
 # the request bodies too, so they can be imported from here.
 __all__ = [
     "AssistantMessage", "ChatCompletionRequest", "ChoiceFormat", "CompletionRequest",
+    "ConstraintRequest",
     "FunctionDef", "GrammarFormat", "JsonObjectFormat", "JsonSchemaFormat",
     "JsonSchemaResponseFormat", "NamedToolChoice", "RegexFormat", "ResponseFormat",
     "StructuredOutputs", "SystemMessage", "TextFormat", "Tool", "ToolCall", "ToolMessage",
@@ -120,6 +121,12 @@ class _Sampling(_Request):
         description="Corral extension. false: an object whose schema declares properties and "
         "is silent about extra keys gets only the declared ones (the output stays valid); "
         "true: undeclared properties may be generated too; absent: the server's default",
+    )
+    budget_close: bool = Field(
+        default=True,
+        description="Corral extension. true: a json_schema output that max_tokens would cut is "
+        "steered to close as a valid instance (finish_reason stays length; the choice's "
+        "budget_close says what was cut short); false: cut like every peer does",
     )
     # vLLM's and SGLang's sampling extensions
     top_k: int | None = Field(default=None, ge=-1, lt=2**31, description="0 or -1: off")
@@ -320,6 +327,16 @@ class ChatCompletionRequest(_Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+class ConstraintRequest(ChatCompletionRequest):
+    """``POST /v1/constraints`` and ``/v1/constraints/validate``: a chat request's body, checked
+    as one; ``messages`` and ``model`` may be left out. Only its constraint acts: the response
+    format (in any dialect), ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` and
+    ``open_objects``; nothing is generated."""
+
+    model: str | None = None  # type: ignore[assignment]
+    messages: list[Message] = Field(default_factory=list)
 
 
 class CompletionRequest(_Sampling):

@@ -8,6 +8,8 @@ that many tokens), ``ignore_eos``, ``stop_token_ids`` and ``skip_special_tokens`
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
 from typing import Any
 
 from corral.api.errors import bad_request, model_not_found
@@ -15,7 +17,10 @@ from corral.api.limits import check_n
 from corral.api.protocol import ChatCompletionRequest
 from corral.api.responses import Usage
 from corral.api.state import ServerState
-from corral.engine.core import RequestError, SamplingParams
+from corral.engine.core import BudgetReport, RequestError, SamplingParams
+from corral.grammar import ConstraintSpec
+from corral.grammar.shortest import JsonCloser
+from corral.grammar.spec import ConstraintKind
 
 
 def check_model(state: ServerState, model: str) -> None:
@@ -113,6 +118,35 @@ def _extensions(state: ServerState, req: Any, budget: int) -> dict[str, Any]:
         "stop_token_ids": tuple(req.stop_token_ids or ()),
         "skip_special_tokens": req.skip_special_tokens,
     }
+
+
+def with_budget_close(params: SamplingParams, req: Any, spec: ConstraintSpec | None):
+    """`params` with budget closing (`engine.budget_close`) for a json_schema / json_object
+    constraint, unless the request opted out (``"budget_close": false``). Not (yet) for tool
+    calls and structural tags, nor after a reasoning block. Runs the schema analysis: call it
+    off the event loop."""
+    json_kinds = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+    if not req.budget_close or spec is None or spec.kind not in json_kinds or spec.reasoning:
+        return params
+    return replace(params, budget_close=_closer(spec))
+
+
+@lru_cache(maxsize=256)
+def _closer(spec: ConstraintSpec) -> JsonCloser:
+    closer = JsonCloser.for_spec(spec)
+    closer.shortest(closer.root)  # filled here, off the engine's step loop
+    return closer
+
+
+def budget_json(report: BudgetReport | None) -> dict[str, Any] | None:
+    """A choice's ``budget_close`` extension field."""
+    if report is None:
+        return None
+    out: dict[str, Any] = {"steered": report.steered, "cut_short": list(report.cut_short)}
+    out["complete"] = report.complete
+    if report.reason:
+        out["reason"] = report.reason
+    return out
 
 
 def usage(call: Any) -> Usage:

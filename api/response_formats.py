@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -30,6 +30,9 @@ from corral.api.errors import ApiError, constraint_error
 from corral.api.responses import Unenforced
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, JsonFormat
 from corral.grammar.schema_close import close_objects
+
+if TYPE_CHECKING:
+    from corral.schema_cache.service import Lookup
 
 
 def request_error(
@@ -283,10 +286,12 @@ def _schema(param: str, value: dict[str, Any] | str) -> dict[str, Any] | bool:
 
 @dataclass(frozen=True)
 class FormatSpec:
-    """A constraint and the request field it came from (for error messages)."""
+    """A constraint and the request field it came from (for error messages); ``closed``:
+    whether ``close_objects`` narrowed its schema (a rewrite the receipt names)."""
 
     spec: ConstraintSpec
     param: str
+    closed: bool = False
 
 
 def wants_closed_objects(open_objects: bool | None, server_default_open: bool) -> bool:
@@ -313,11 +318,10 @@ def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
         return FormatSpec(ConstraintSpec.json_object(json_format=layout), fmt.param)
     if isinstance(fmt, JsonSchemaResponseFormat):
         strict = fmt.json_schema.strict is not False  # absent means strict: fail closed
-        schema = fmt.json_schema.schema_
-        if closed or fmt._force_closed:
-            schema = close_objects(schema)
+        sent = fmt.json_schema.schema_
+        schema = close_objects(sent) if closed or fmt._force_closed else sent
         spec = ConstraintSpec.json_schema(schema, strict=strict, json_format=layout)
-        return FormatSpec(spec, fmt.param)
+        return FormatSpec(spec, fmt.param, schema != sent)
     if isinstance(fmt, RegexFormat):
         return FormatSpec(ConstraintSpec.regex(fmt.regex), fmt.param)
     if isinstance(fmt, GrammarFormat):
@@ -325,23 +329,28 @@ def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
         return FormatSpec(make(fmt.grammar), fmt.param)
     if isinstance(fmt, StructuralTagFormat):
         tag = fmt.model_dump(exclude={"type"})
+        narrowed = False
         if closed or fmt._force_closed:
-            tag["structures"] = [
-                s | {"schema": close_objects(s["schema"])} if "schema" in s else s
-                for s in tag["structures"]
-            ]
-        return FormatSpec(ConstraintSpec.structural_tag_of(tag, json_format=layout), fmt.param)
+            structures = []
+            for s in tag["structures"]:
+                schema = close_objects(s["schema"]) if "schema" in s else None
+                narrowed |= schema != s.get("schema")
+                structures.append(s if schema is None else s | {"schema": schema})
+            tag["structures"] = structures
+        spec = ConstraintSpec.structural_tag_of(tag, json_format=layout)
+        return FormatSpec(spec, fmt.param, narrowed)
     return FormatSpec(ConstraintSpec.choice(fmt.choice), fmt.param)
 
 
-CompileFn = Callable[[ConstraintSpec], Awaitable[CompiledConstraint]]
+#: The compile service's ``alookup``: the compiled constraint and where it came from.
+CompileFn = Callable[[ConstraintSpec], Awaitable["Lookup"]]
 
 
 async def compile_or_400(
     compile_fn: CompileFn,
     spec: ConstraintSpec,
     on_error: Callable[[ConstraintError], ApiError],
-) -> CompiledConstraint:
+) -> Lookup:
     """Await the compile; a ConstraintError becomes the 400 that ``on_error`` builds."""
     try:
         return await compile_fn(spec)

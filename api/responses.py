@@ -67,6 +67,44 @@ class Unenforced(BaseModel):
     param: str | None = None
 
 
+class Rewrite(BaseModel):
+    """A change Corral made to the request's constraint before compiling it."""
+
+    rewrite: Literal["close_objects", "tool_calls", "after_reasoning"] = Field(
+        description="close_objects: objects silent about extra keys get only their declared "
+        "properties; tool_calls: the tools became one structural tag in the model's call "
+        "format; after_reasoning: the constraint starts after the think block"
+    )
+    param: str | None = Field(default=None, description="the request field it applies to")
+    detail: str | None = None
+
+
+class Receipt(BaseModel):
+    """Corral extension ``corral``: what enforced this response's constraint."""
+
+    kind: str = Field(description="json_schema, json_object, regex, ebnf, lark, choice, ...")
+    digest: str = Field(description="content digest of the constraint as compiled")
+    cache_key: str = Field(description="its compiled-constraint cache key (digest, tokenizer, "
+                           "cache format and grammar-code versions)")  # fmt: skip
+    tokenizer: str = Field(description="fingerprint of the tokenizer it was compiled for")
+    backend: str
+    backend_version: str
+    cache_format: str = Field(description="Corral's compiled-entry format . disk-store layout")
+    analysis_version: str = Field(description="digest of Corral's grammar code (16 hex digits)")
+    cache: str = Field(
+        description="memory, disk or redis: a cache hit; compiled: compiled for this request; "
+        "shared: this request waited for another caller's compile (or Redis load) of it"
+    )
+    compile_ms: float | None = Field(
+        default=None, description="the compile's duration, when cache is 'compiled'"
+    )
+    exact: bool = Field(description="true: every keyword is enforced exactly")
+    rewrites: list[Rewrite] = Field(default_factory=list)
+    unenforced: list[Unenforced] = Field(
+        default_factory=list, description="lenient mode: the keywords not enforced, with pointers"
+    )
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
@@ -82,6 +120,11 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     finish_reason: FinishReason
     logprobs: ChoiceLogprobs | None = None
+    budget_close: dict[str, Any] | None = Field(
+        default=None,
+        description="Corral extension (in the last chunk when streamed): what budget closing "
+        "did: steered, cut_short (JSON pointers), complete, reason",
+    )
 
 
 class ChatCompletion(BaseModel):
@@ -94,6 +137,9 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
     unenforced: list[Unenforced] | None = Field(
         default=None, description="Corral extension: what lenient mode did not enforce"
+    )
+    corral: Receipt | None = Field(
+        default=None, description="Corral extension: the constraint's receipt (constrained only)"
     )
 
 
@@ -121,6 +167,11 @@ class ChunkChoice(BaseModel):
     delta: Delta
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
+    budget_close: dict[str, Any] | None = Field(
+        default=None,
+        description="Corral extension (in the last chunk when streamed): what budget closing "
+        "did: steered, cut_short (JSON pointers), complete, reason",
+    )
 
 
 class ChatCompletionChunk(BaseModel):
@@ -131,6 +182,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice]
     usage: Usage | None = None
     unenforced: list[Unenforced] | None = None
+    corral: Receipt | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -145,6 +197,11 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: FinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    budget_close: dict[str, Any] | None = Field(
+        default=None,
+        description="Corral extension (in the last chunk when streamed): what budget closing "
+        "did: steered, cut_short (JSON pointers), complete, reason",
+    )
 
 
 class Completion(BaseModel):
@@ -155,6 +212,7 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     unenforced: list[Unenforced] | None = None
+    corral: Receipt | None = None
 
 
 class ModelCard(BaseModel):

@@ -40,6 +40,7 @@ class ResponseDraft:
         self.error: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
         self.unenforced: list[dict[str, Any]] | None = None
+        self.receipt: dict[str, Any] | None = None  # the constraint's, as ``corral``
 
     def set_usage(self, u: dict[str, Any]) -> None:
         """The chat usage in Responses terms. Every prompt token not served from the prefix
@@ -87,6 +88,8 @@ class ResponseDraft:
         }
         if self.unenforced:
             body["unenforced"] = self.unenforced
+        if self.receipt:
+            body["corral"] = self.receipt
         return body
 
 

@@ -46,6 +46,7 @@ def build_state(config: ServerConfig) -> ServerState:
         process_workers=config.compile_workers,
         compile_deadline_s=config.compile_deadline_s,
         redis_url=config.cache_url,
+        redis_prefetch=config.cache_prefetch,
     )
     compiler = CompileService(tok, cache)
     engine = AsyncEngine(
@@ -61,7 +62,7 @@ def build_state(config: ServerConfig) -> ServerState:
         kv_capacity=int(engine.stats()["kv_capacity_tokens"]),
         tokenizer=model.tokenizer,
         engine=engine,
-        compile_fn=compiler.aget_or_compile,
+        compile_fn=compiler.alookup,
         compile_stats=compiler.stats,
         created=int(time.time()),
         chat_template=model.chat_template,

@@ -12,26 +12,24 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import ChoiceState, LogprobFormatter, Update
-from corral.api.config import ServerConfig
 from corral.api.engine_call import (
     CLIENT_LEFT,
     Admitted,
     EngineCall,
-    compile_for,
     require_engine,
     watch_disconnect,
 )
-from corral.api.errors import ApiError, bad_request, error_events, status_of
-from corral.api.limits import check_limits
+from corral.api.errors import bad_request, error_events, status_of
 from corral.api.protocol import ChatCompletionRequest, TextFormat
-from corral.api.reasoning import REASONING_FORMATS, ReasoningFormat
-from corral.api.request_params import check_model, sampling_params, usage
-from corral.api.response_formats import (
-    FormatSpec,
-    constraint_error,
-    format_spec,
-    unenforced_report,
-    wants_closed_objects,
+from corral.api.reasoning import ReasoningFormat
+from corral.api.receipts import enforce
+from corral.api.request_constraint import chat_constraint, reasoning_format
+from corral.api.request_params import (
+    budget_json,
+    check_model,
+    sampling_params,
+    usage,
+    with_budget_close,
 )
 from corral.api.responses import (
     ApiJSONResponse,
@@ -42,6 +40,7 @@ from corral.api.responses import (
     ChunkChoice,
     Delta,
     FunctionCallDelta,
+    Receipt,
     ToolCallDelta,
     Unenforced,
     dump,
@@ -49,11 +48,9 @@ from corral.api.responses import (
     now,
 )
 from corral.api.state import ServerState
-from corral.api.tool_formats import ToolFormat
 from corral.api.tool_stream import Piece
-from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
+from corral.api.tools import ToolPlan
 from corral.engine.core import ReasoningBudget
-from corral.grammar import ConstraintError, ConstraintSpec
 
 ENDPOINT = "chat.completions"
 
@@ -66,26 +63,10 @@ class PreparedChat:
     plan: ToolPlan
     unenforced: list[Unenforced] | None
     reasoning: ReasoningFormat | None = None
+    receipt: Receipt | None = None  # None: unconstrained
 
     def choices(self, n: int) -> dict[int, ChoiceState]:
         return {i: ChoiceState(i, self.plan, self.reasoning) for i in range(n)}
-
-
-def _plan(
-    req: ChatCompletionRequest, closed: bool, config: ServerConfig, tool_format: ToolFormat
-) -> tuple[ToolPlan, FormatSpec | None]:
-    """The tool plan and the response format's constraint, within the request limits (schema
-    analysis: slow, run off the event loop)."""
-    check_limits(req, config)
-    plan = plan_tools(req, closed, tool_format)
-    fmt = format_spec(req.response_format, closed)
-    if plan.mode == "auto" and fmt is not None:
-        raise bad_request(
-            "response_format other than text cannot be combined with tool_choice 'auto'; "
-            "use tool_choice 'required' or 'none'",
-            param="response_format",
-        )
-    return plan, fmt
 
 
 async def prepare_chat(
@@ -95,36 +76,25 @@ async def prepare_chat(
 
     Schema analysis, rendering and tokenizing run on threads (never on the event loop); the
     compile is abandoned if the client disconnects meanwhile."""
-    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
     tool_format = state.formatter.tool_format
-    plan, fmt = await asyncio.to_thread(_plan, req, closed, state.config, tool_format)
+    plan, constraint = await asyncio.to_thread(chat_constraint, req, state.config, tool_format)
     limit = min(state.context_length, state.kv_capacity)
     prompt_ids = await asyncio.to_thread(state.formatter.prompt_ids, req, plan, limit)
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
     params = sampling_params(state, req, len(prompt_ids), req.token_limit(), stops)
-    reasoning = REASONING_FORMATS.get(state.config.reasoning_format or "")
+    reasoning = reasoning_format(state.config)
     if req.max_reasoning_tokens is not None:
         params = replace(params, reasoning_budget=_budget(reasoning, req.max_reasoning_tokens))
     markers = [*(tool_format.triggers if plan.active else ()), *_markers(reasoning)]
     if params.skip_special_tokens and _special(state.tokenizer, markers):
         params = replace(params, skip_special_tokens=False)  # the parsers must see the markers
-    if plan.spec is not None:
-        all_tools = req.tools or []
-
-        def refused(e: ConstraintError) -> ApiError:
-            return tool_constraint_error(e, plan, all_tools)
-
-        compiled = await compile_for(state, request, _reasoned(plan.spec, reasoning), refused)
-        found = [(u.pointer, u.keyword, u.reason) for u in compiled.unenforced]
-        report = tool_unenforced(found, plan, all_tools)
-    elif fmt is not None:
-        compiled = await compile_for(
-            state, request, _reasoned(fmt.spec, reasoning), lambda e: constraint_error(e, fmt.param)
-        )
-        report = unenforced_report(compiled, fmt.param)
-    else:
-        compiled, report = None, None
-    return PreparedChat(prompt_ids, params, compiled, plan, report, reasoning)
+    if constraint is None:
+        return PreparedChat(prompt_ids, params, None, plan, None, reasoning)
+    done = await enforce(state, request, constraint)
+    params = await asyncio.to_thread(with_budget_close, params, req, constraint.spec)
+    return PreparedChat(
+        prompt_ids, params, done.compiled, plan, done.unenforced, reasoning, done.receipt
+    )
 
 
 def _markers(reasoning: ReasoningFormat | None) -> list[str]:
@@ -139,11 +109,6 @@ def _budget(reasoning: ReasoningFormat | None, tokens: int) -> ReasoningBudget:
             param="max_reasoning_tokens",
         )
     return reasoning.budget(tokens)
-
-
-def _reasoned(spec: ConstraintSpec, reasoning: ReasoningFormat | None) -> ConstraintSpec:
-    """The constraint after the think block of a reasoning model: never dropped for it."""
-    return spec if reasoning is None else spec.after_reasoning(reasoning.open, reasoning.close)
 
 
 def _special(tokenizer: Any, markers: list[str]) -> bool:
@@ -216,6 +181,7 @@ async def _complete(
         choices=[_final_choice(choices[i], lp) for i in sorted(choices)],
         usage=usage(call),
         unenforced=prep.unenforced,
+        corral=prep.receipt,
     )
     return ApiJSONResponse(dump(body))
 
@@ -227,7 +193,11 @@ def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
     )
     logprobs = lp.content(c.logprobs) if lp is not None and not r.tool_calls else None
     return ChatChoice(
-        index=c.index, message=message, finish_reason=r.finish_reason, logprobs=logprobs
+        index=c.index,
+        message=message,
+        finish_reason=r.finish_reason,
+        logprobs=logprobs,
+        budget_close=budget_json(c.budget_close),
     )
 
 
@@ -238,7 +208,7 @@ async def _stream(
     call: EngineCall,
     admitted: Admitted,
 ) -> AsyncIterator[str]:
-    chunks = _ChunkMaker(state.model_name, prep.unenforced)
+    chunks = _ChunkMaker(state.model_name, prep.unenforced, prep.receipt)
     lp = LogprobFormatter(state.tokenizer, req.top_logprobs or 0) if req.logprobs else None
     status = CLIENT_LEFT  # unless the stream reaches its end
     first = None if prep.plan.active else ""  # tool calls: content stays null unless text comes
@@ -273,7 +243,14 @@ def _update_events(
     if update.calls:
         events.append(chunks.sse(c.index, Delta(tool_calls=_call_deltas(update.calls))))
     if c.finished:
-        events.append(chunks.sse(c.index, Delta(), finish_reason=c.result().finish_reason))
+        events.append(
+            chunks.sse(
+                c.index,
+                Delta(),
+                finish_reason=c.result().finish_reason,
+                budget_close=budget_json(c.budget_close),
+            )
+        )
     return events
 
 
@@ -296,15 +273,26 @@ def _call_deltas(pieces: list[Piece]) -> list[ToolCallDelta]:
 class _ChunkMaker:
     """Builds ``chat.completion.chunk`` SSE events sharing one id and creation time."""
 
-    def __init__(self, model: str, unenforced: list[Unenforced] | None) -> None:
+    def __init__(
+        self, model: str, unenforced: list[Unenforced] | None, receipt: Receipt | None
+    ) -> None:
         self.id, self.created, self.model = new_id("chatcmpl-"), now(), model
-        self.unenforced = unenforced  # sent once, on the first chunk
+        self.unenforced, self.receipt = unenforced, receipt  # sent once, on the first chunk
 
     def sse(
-        self, index: int, delta: Delta, finish_reason: str | None = None, logprobs: Any = None
+        self,
+        index: int,
+        delta: Delta,
+        finish_reason: str | None = None,
+        logprobs: Any = None,
+        budget_close: dict[str, Any] | None = None,
     ) -> str:
         choice = ChunkChoice(
-            index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs
+            index=index,
+            delta=delta,
+            finish_reason=finish_reason,
+            logprobs=logprobs,
+            budget_close=budget_close,
         )
         return self._event(ChatCompletionChunk(**self._common(), choices=[choice]))
 
@@ -315,6 +303,8 @@ class _ChunkMaker:
         common: dict[str, Any] = {"id": self.id, "created": self.created, "model": self.model}
         if self.unenforced:
             common["unenforced"], self.unenforced = self.unenforced, None
+        if self.receipt is not None:
+            common["corral"], self.receipt = self.receipt, None
         return common
 
     @staticmethod

@@ -11,29 +11,26 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import LogprobFormatter
-from corral.api.config import ServerConfig
 from corral.api.engine_call import (
     CLIENT_LEFT,
     Admitted,
     EngineCall,
     close_all,
-    compile_for,
     merged,
     require_engine,
     watch_disconnect,
 )
 from corral.api.errors import bad_request, error_events, status_of
-from corral.api.limits import check_limits
 from corral.api.outcomes import finish_reason
 from corral.api.prompting import encode_prompt
 from corral.api.protocol import CompletionRequest
-from corral.api.request_params import check_model, sampling_params
-from corral.api.response_formats import (
-    FormatSpec,
-    constraint_error,
-    format_spec,
-    unenforced_report,
-    wants_closed_objects,
+from corral.api.receipts import Enforced, enforce
+from corral.api.request_constraint import completion_constraint
+from corral.api.request_params import (
+    budget_json,
+    check_model,
+    sampling_params,
+    with_budget_close,
 )
 from corral.api.responses import (
     ApiJSONResponse,
@@ -97,35 +94,35 @@ async def _prepare(
 ) -> _Job:
     """Tokenize and analyse off the event loop, compile (abandoned if the client leaves)."""
     prompts = await asyncio.to_thread(prompt_ids_list, state, req.prompt)
-    closed = wants_closed_objects(req.open_objects, state.config.open_objects)
-    fmt = await asyncio.to_thread(_format, req, closed, state.config)
+    constraint = await asyncio.to_thread(completion_constraint, req, state.config)
     params = [sampling_params(state, req, len(p), req.max_tokens, req.stop_list()) for p in prompts]
-    compiled, report = None, None
-    if fmt is not None:
-        compiled = await compile_for(
-            state, request, fmt.spec, lambda e: constraint_error(e, fmt.param)
-        )
-        report = unenforced_report(compiled, fmt.param)
+    done = await enforce(state, request, constraint) if constraint is not None else None
+    if constraint is not None:
+        params = [
+            await asyncio.to_thread(with_budget_close, sp, req, constraint.spec) for sp in params
+        ]
+    compiled = done.compiled if done is not None else None
     calls = [
         EngineCall(state, p, sp, compiled, arrival=arrival)
         for p, sp in zip(prompts, params, strict=True)
     ]
-    return _Job(state, req, calls, report)
-
-
-def _format(req: CompletionRequest, closed: bool, config: ServerConfig) -> FormatSpec | None:
-    """The response format's constraint, within the request limits (off the event loop)."""
-    check_limits(req, config)
-    return format_spec(req.response_format, closed)
+    return _Job(state, req, calls, done)
 
 
 class _Job:
     """The engine calls of one completions request and how their outputs become choices."""
 
     def __init__(
-        self, state: ServerState, req: CompletionRequest, calls: list[EngineCall], report: Any
+        self,
+        state: ServerState,
+        req: CompletionRequest,
+        calls: list[EngineCall],
+        enforced: Enforced | None,
     ) -> None:
-        self.state, self.req, self.calls, self.report = state, req, calls, report
+        self.state, self.req, self.calls = state, req, calls
+        # lenient mode's report and the receipt; a stream sends them with its first event only
+        self.report = enforced.unenforced if enforced is not None else None
+        self.receipt = enforced.receipt if enforced is not None else None
         self.id, self.created = new_id("cmpl-"), now()
         self.lp = (
             LogprobFormatter(state.tokenizer, req.logprobs or 0)
@@ -143,6 +140,7 @@ class _Job:
         texts: dict[int, str] = {}
         lps: dict[int, list[Any]] = {}
         finish: dict[int, str] = {}
+        budget: dict[int, dict[str, Any] | None] = {}
         watcher = asyncio.create_task(watch_disconnect(request, self.calls))
         try:
             async for k, out in merged(self.calls):
@@ -151,6 +149,7 @@ class _Job:
                 lps.setdefault(i, []).extend(out.logprobs or ())
                 if out.finish_reason is not None:
                     finish[i] = finish_reason(out.finish_reason)
+                    budget[i] = budget_json(out.budget_close)
         finally:
             watcher.cancel()
             await close_all(self.calls)
@@ -160,6 +159,7 @@ class _Job:
                 text=texts.get(i, ""),
                 finish_reason=finish.get(i, "stop"),
                 logprobs=self._logprobs(lps.get(i, [])),
+                budget_close=budget.get(i),
             )
             for i in range(len(self.calls) * self.req.n)
         ]
@@ -170,6 +170,7 @@ class _Job:
             choices=choices,
             usage=self._usage(),
             unenforced=self.report,
+            corral=self.receipt,
         )
         return ApiJSONResponse(dump(body))
 
@@ -211,9 +212,14 @@ class _Job:
                 lp = self._logprobs(list(out.logprobs or ()), offsets.get(i, 0))
                 offsets[i] = offsets.get(i, 0) + len(text)
                 finish = None if out.finish_reason is None else finish_reason(out.finish_reason)
-                yield self._event(
-                    [CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=lp)]
+                choice = CompletionChoice(
+                    index=i,
+                    text=text,
+                    finish_reason=finish,
+                    logprobs=lp,
+                    budget_close=budget_json(out.budget_close) if finish else None,
                 )
+                yield self._event([choice])
             if self.req.stream_options is not None and self.req.stream_options.include_usage:
                 yield self._event([], self._usage())
             yield "data: [DONE]\n\n"
@@ -234,6 +240,7 @@ class _Job:
             choices=choices,
             usage=usage,
             unenforced=self.report,
+            corral=self.receipt,
         )
-        self.report = None  # the lenient-mode report goes with the first event only
+        self.report = self.receipt = None  # they go with the first event only
         return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"

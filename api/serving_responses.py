@@ -90,13 +90,27 @@ async def create_response(
 
 
 def _take_extras(draft: ResponseDraft, chat: dict[str, Any]) -> None:
-    """Usage and lenient mode's report (with Responses field names) from a chat body/chunk."""
+    """Usage, the constraint's receipt and lenient mode's report (with Responses field names)
+    from a chat body/chunk."""
     if chat.get("usage"):
         draft.set_usage(chat["usage"])
+    if chat.get("corral"):
+        draft.receipt = _renamed_receipt(chat["corral"])
     if chat.get("unenforced"):
-        draft.unenforced = [
-            {**u, "param": responses_param(u.get("param"))} for u in chat["unenforced"]
-        ]
+        draft.unenforced = _renamed_params(chat["unenforced"])
+
+
+def _renamed_receipt(receipt: dict[str, Any]) -> dict[str, Any]:
+    """A chat receipt with the Responses API's field names in its rewrites and report."""
+    fields = ("rewrites", "unenforced")
+    return receipt | {f: _renamed_params(receipt.get(f) or []) for f in fields}
+
+
+def _renamed_params(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        item | {"param": responses_param(item["param"])} if "param" in item else item
+        for item in items
+    ]
 
 
 async def _events(chunks: AsyncIterator[Any], draft: ResponseDraft) -> AsyncIterator[str]:

@@ -58,7 +58,7 @@ class ServerState:
     """The served model and the services around it.
 
     ``engine`` is a started-on-lifespan ``AsyncEngine``; ``compile_fn`` awaits a compiled
-    constraint (raising ``ConstraintError``); ``degraded`` names the parts that do not work
+    constraint's ``Lookup`` (raising ``ConstraintError``); ``degraded`` names the parts that do not work
     now though the server still serves (``/health``: a Redis cache tier that is down). Prompt + max_tokens must fit both the model's
     ``context_length`` and the KV cache's ``kv_capacity`` (tokens).
     """

@@ -45,7 +45,8 @@ class ToolPlan:
     ``mode``: ``"none"``, ``"auto"`` or ``"required"`` (a named function is ``required`` with a
     single tool). ``tools``: the functions the output may call; ``structure_tools[i]``: the
     index in ``tools`` of the structural tag's structure ``i``. ``spec``: the constraint of the
-    whole output (None for ``none``).
+    whole output (None for ``none``). ``closed``: whether ``close_objects`` narrowed any
+    function's parameters.
     """
 
     mode: str
@@ -53,6 +54,7 @@ class ToolPlan:
     format: ToolFormat = GENERIC
     spec: ConstraintSpec | None = None
     structure_tools: tuple[int, ...] = ()
+    closed: bool = False
 
     @property
     def active(self) -> bool:
@@ -79,9 +81,10 @@ def plan_tools(
     tools = _in_play(req, choice)
     mode = "auto" if choice == "auto" else "required"
     parallel = req.parallel_tool_calls and not isinstance(choice, NamedToolChoice)
-    structures, owners = [], []
+    structures, owners, narrowed = [], [], False
     for k, t in enumerate(tools):
         params = close_objects(t.function.parameters) if closed else t.function.parameters
+        narrowed |= params != t.function.parameters
         for begin in fmt.begins(t.function.name):
             structures.append({"begin": begin, "schema": params, "end": fmt.end})
             owners.append(k)
@@ -100,7 +103,7 @@ def plan_tools(
         spec = ConstraintSpec.structural_tag_of(tag, strict=strict, json_format=TOOL_JSON_FORMAT)
     except ConstraintError as e:
         raise tool_constraint_error(e, plan, req.tools or []) from e
-    return ToolPlan(mode, tools, fmt, spec, tuple(owners))
+    return ToolPlan(mode, tools, fmt, spec, tuple(owners), narrowed)
 
 
 def _in_play(req: ChatCompletionRequest, choice: Any) -> tuple[Tool, ...]:

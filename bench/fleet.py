@@ -1,17 +1,23 @@
 """`corral fleet` with 2 replicas on this machine: what the shared compile cache and the router buy.
 
 1. Time to first token of a never-seen schema on one replica (a cold compile) vs the same schema
-   on the other replica right after (a hit in the shared Redis tier). The replicas share this
-   machine's disk cache, so its entries are deleted in between: the second replica finds the
-   schema where a replica on another machine would, in Redis. Schemas: the slowest to compile
-   of the largest MaskBench schemas (the compiles a shared cache is for; their in-process
-   compile times are printed first); the two replicas take turns being first.
+   on the other replica right after, the way a client would send it: once its request to the
+   first replica has its whole response. By then the first replica has published the entry to
+   Redis and announced it, and the other replica has loaded it in the background (prefetch) or
+   is loading it (the request joins the load). The replicas share this machine's disk cache, so
+   its entries are deleted in between: the second replica finds the schema where a replica on
+   another machine would, in Redis or its own memory. Schemas: the slowest to compile of the
+   largest MaskBench schemas (the compiles a shared cache is for; their in-process compile times
+   are printed first); the two replicas take turns being first. Then, for each schema again
+   (a `$comment` makes it never-seen), how long after the entry was published the other
+   replica's prefetch landed, polling its /metrics.
 2. Prefix-cache hit rate (cached prompt tokens / prompt tokens) of the router vs round-robin
    (requests pinned to the replicas in turn) on the same workload: P long system prompts, M
    questions each, in shuffled order, one request at a time.
 
     .venv/bin/python bench/fleet.py                     # starts a redis-server itself
     .venv/bin/python bench/fleet.py --cache-url redis://127.0.0.1:6379/0
+    .venv/bin/python bench/fleet.py --no-prefetch       # the Redis tier alone, fetched on request
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,7 +39,7 @@ from corral.api.config import ServerConfig
 from corral.fleet.affinity import REPLICA_HEADER
 from corral.fleet.app import FleetConfig, FleetRunner
 from corral.paths import constraints_root
-from corral.schema_cache.redis_store import PREFIX
+from corral.schema_cache.redis_store import ANNOUNCE, PREFIX
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 TESTS = Path(__file__).resolve().parents[1] / "tests"
@@ -108,19 +115,64 @@ def wait_published(redis_client, before: set[bytes]) -> None:
     raise SystemExit("the compiled constraint never reached Redis")
 
 
+class Announcements:
+    """The bench's own subscription to the replicas' announcements of new entries: when each
+    was published (``time.perf_counter()`` on arrival here)."""
+
+    def __init__(self, redis_client) -> None:
+        self._channel = redis_client.pubsub(ignore_subscribe_messages=True)
+        self._channel.subscribe(ANNOUNCE)
+        self._times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            message = self._channel.get_message(timeout=0.1)
+            if message is not None and message["type"] == "message":
+                self._times.append(time.perf_counter())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._channel.close()
+
+    def first_after(self, t0: float) -> float:
+        return next((t for t in self._times if t >= t0), float("nan"))
+
+
+def counters(url: str, replica: str) -> dict[str, float]:
+    """The replica's prefetched entries and memory hits, from its /metrics."""
+    text = httpx.get(url + "/metrics", headers={REPLICA_HEADER: replica}, timeout=30).text
+    names = {"corral_constraint_cache_prefetched_total": "prefetched",
+             'corral_constraint_compiles_total{source="memory"}': "memory"}  # fmt: skip
+    found = {"prefetched": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in names:
+            found[names[name]] = float(value)
+    return found
+
+
+def chat(model: str, schema: dict, name: str) -> dict:
+    return {"messages": [{"role": "user", "content": "Fill in this form as JSON."}],
+            "max_tokens": 4, "temperature": 0, "model": model,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": name, "schema": schema}}}  # fmt: skip
+
+
 def compile_sharing(url: str, model: str, cache: Path, replicas: list[str], schemas: list,
-                    want: int, redis) -> None:  # fmt: skip
-    cold, shared, warm = [], [], []
+                    want: int, redis) -> list[dict]:  # fmt: skip
+    """TTFT cold vs on the other replica right after; the schemas that were timed."""
+    cold, shared, warm, timed = [], [], [], []
     for i, schema in enumerate(schemas):
         if len(cold) == want:
             break
         first, second = replicas if len(cold) % 2 == 0 else replicas[::-1]
-        body = {"messages": [{"role": "user", "content": "Fill in this form as JSON."}],
-                "max_tokens": 4, "temperature": 0, "model": model,
-                "response_format": {"type": "json_schema",
-                                    "json_schema": {"name": f"s{i}", "schema": schema}}}  # fmt: skip
-        before = entries(redis)
-        t_cold, who, status = stream_ttft(url, body, first)
+        body = chat(model, schema, f"s{i}")
+        before, seen = entries(redis), counters(url, second)
+        t_cold, who, status = stream_ttft(url, body, first)  # the whole response, then ...
         if status != 200:
             print(f"  schema {i}: HTTP {status} (not compilable here), skipped")
             continue
@@ -128,16 +180,62 @@ def compile_sharing(url: str, model: str, cache: Path, replicas: list[str], sche
         wait_published(redis, before)
         for entry in constraints_root(cache).rglob("*.cc"):
             entry.unlink()
-        t_shared, who, _ = stream_ttft(url, body, second)
+        t_shared, who, _ = stream_ttft(url, body, second)  # ... at once to the other replica
         assert who == second
+        now = counters(url, second)
         t_warm, _, _ = stream_ttft(url, body, second)  # now in the replica's memory
-        cold.append(t_cold), shared.append(t_shared), warm.append(t_warm)
-        print(f"  schema {i}: cold {t_cold * 1e3:7.1f} ms   via Redis {t_shared * 1e3:7.1f} ms   "
-              f"in memory {t_warm * 1e3:7.1f} ms")  # fmt: skip
+        if now["memory"] > seen["memory"]:
+            how = "prefetched: a memory hit"
+        elif now["prefetched"] > seen["prefetched"]:
+            how = "joined its prefetch"
+        else:
+            how = "fetched from Redis on request"
+        cold.append(t_cold), shared.append(t_shared), warm.append(t_warm), timed.append(schema)
+        print(f"  schema {i}: cold {t_cold * 1e3:7.1f} ms   other replica {t_shared * 1e3:7.1f} ms "
+              f"({how})   in memory {t_warm * 1e3:7.1f} ms")  # fmt: skip
     c, s, w = (statistics.median(x) for x in (cold, shared, warm))
     print(f"time to first token, median of {len(cold)} schemas: cold compile {c * 1e3:.1f} ms, "
-          f"compiled on the other replica (Redis) {s * 1e3:.1f} ms, in memory {w * 1e3:.1f} ms; "
-          f"Redis / cold = {s / c:.2f}x (target <= 0.3x)")  # fmt: skip
+          f"on the other replica right after {s * 1e3:.1f} ms, in memory {w * 1e3:.1f} ms; "
+          f"other replica / cold = {s / c:.2f}x (target <= 0.3x)")  # fmt: skip
+    return timed
+
+
+def landing(
+    url: str, model: str, first: str, second: str, schema: dict, name: str
+) -> tuple[float, float, float]:
+    """(when ``second`` had the entry in memory, when the request to ``first`` was sent, when
+    its response ended): ``schema`` made never-seen by a ``$comment``."""
+    body = chat(model, schema | {"$comment": "landing"}, name)
+    seen = counters(url, second)["prefetched"]
+    t0 = time.perf_counter()
+    stream_ttft(url, body, first)
+    t_response = time.perf_counter()
+    while counters(url, second)["prefetched"] == seen:
+        if time.perf_counter() > t_response + 120:
+            raise SystemExit(f"{name} was never prefetched by replica {second}")
+        time.sleep(0.02)
+    return time.perf_counter(), t0, t_response
+
+
+def prefetch_landing(url: str, model: str, replicas: list[str], schemas: list, redis) -> None:
+    """How long after publishing an entry it is in the other replica's memory (polled)."""
+    announced = Announcements(redis)
+    after_publish, after_response = [], []
+    try:
+        for i, schema in enumerate(schemas):
+            first, second = replicas if i % 2 == 0 else replicas[::-1]
+            t_landed, t0, t_response = landing(url, model, first, second, schema, f"l{i}")
+            after_publish.append(t_landed - announced.first_after(t0))
+            after_response.append(t_landed - t_response)
+            print(f"  schema {i}: in the other replica's memory {after_publish[-1] * 1e3:7.1f} ms "
+                  f"after it was published, {after_response[-1] * 1e3:+7.1f} ms after the "
+                  f"first replica's response ended")  # fmt: skip
+    finally:
+        announced.close()
+    print(f"prefetch landed a median {statistics.median(after_publish) * 1e3:.0f} ms after the "
+          f"entry was published (max {max(after_publish) * 1e3:.0f} ms), a median "
+          f"{statistics.median(after_response) * 1e3:+.0f} ms after the first replica's response "
+          f"ended (polled every 20 ms)")  # fmt: skip
 
 
 def workload(tag: str, prefixes: int, questions: int, seed: int) -> list[list[dict]]:
@@ -176,7 +274,7 @@ def run(tmp: Path, args: argparse.Namespace, cache_url: str) -> None:
     (cache / "models").symlink_to(resolve_model_folder(None).parent)
     server = ServerConfig(port=free_port(), cache_dir=str(cache), cache_url=cache_url,
                           memory_bytes=512 << 20, max_concurrent=4, compile_workers=1,
-                          log_level="warning")  # fmt: skip
+                          cache_prefetch=args.prefetch, log_level="warning")  # fmt: skip
     config = FleetConfig(server=server, replicas=2)
     url = f"http://127.0.0.1:{server.port}"
     with FleetRunner(config):
@@ -185,7 +283,9 @@ def run(tmp: Path, args: argparse.Namespace, cache_url: str) -> None:
         print(f"2 replicas, {config.replica_threads} torch threads each: {replicas}")
         with redis.Redis.from_url(cache_url) as client:
             schemas = slowest_schemas(CORPUS, args.scan, args.schemas)
-            compile_sharing(url, model, cache, replicas, schemas, args.schemas, client)
+            timed = compile_sharing(url, model, cache, replicas, schemas, args.schemas, client)
+            if args.prefetch:
+                prefetch_landing(url, model, replicas, timed, client)
         shape = (args.prefixes, args.questions)
         routed = hit_rate(url, model, workload("router", *shape, seed=1), None)
         rr = hit_rate(url, model, workload("round-robin", *shape, seed=1), replicas)
@@ -201,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scan", type=int, default=120, help="largest schemas to pick them from")
     ap.add_argument("--prefixes", type=int, default=4)
     ap.add_argument("--questions", type=int, default=6)
+    ap.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                    help="the replicas' --cache-prefetch (default: on)")  # fmt: skip
     args = ap.parse_args(argv)
     print(header(__file__), flush=True)
     sys.path.insert(0, str(TESTS))

@@ -15,11 +15,15 @@
 #   2. the CUDA tests, each under its own timeout: tests/mask_kernels (cuda + cpu cases),
 #      tests/engine/test_engine_attention_cuda.py, tests/engine/test_engine_attention_triton.py,
 #      tests/engine/test_engine_kv_pool.py, tests/engine/test_engine_cuda.py (the engine on CUDA:
-#      weights, KV sizing, a mixed batch, no host sync before the step's one read-back);
+#      weights, KV sizing, a mixed batch, no host sync before the step's one read-back),
+#      tests/engine/test_engine_cuda_graphs.py (decode graphs captured per bucket: the same
+#      logits and greedy tokens as eager, with and without overlap);
 #   3. bench/gpu_engine.py --device cuda: engine smoke test, bf16 logits parity, decode
 #      throughput of a random Llama-3.1-8B-shaped model vs the HBM roofline, and at batch 64
 #      every row constrained vs unconstrained (TPOT, rows deferred by the mask deadline);
-#      (CUDA graphs and the overlap loop are not built yet: nothing of theirs to compare);
+#      part c, each switch on vs off: CUDA graphs (TPOT at batch 1 and 8), overlap scheduling
+#      (batch 8), MaskBench-constrained vs unconstrained at batch 64 (needs the corpus: carry
+#      shared/corpora/maskbench or pass MASKBENCH=folder; the row says "skipped" without it);
 #   4. bench/kernels.py --device cuda, the mask-kernel grid, cut to the time left (--budget-s);
 #   then one summary table: each step's exit status, time and key numbers.
 # Everything goes to $OUT/gpu_check.log when $OUT is set (the device runner's output folder),
@@ -90,21 +94,23 @@ SUMMARY+=("$(printf '%-48s %6s %4ds  %s' "1. install" "$FAILED" $((SECONDS - t0)
 echo "== 2. CUDA tests"
 for spec in "tests/mask_kernels 150" "tests/engine/test_engine_attention_cuda.py 120" \
             "tests/engine/test_engine_attention_triton.py 120" \
-            "tests/engine/test_engine_kv_pool.py 60" "tests/engine/test_engine_cuda.py 120"; do
+            "tests/engine/test_engine_kv_pool.py 60" "tests/engine/test_engine_cuda.py 120" \
+            "tests/engine/test_engine_cuda_graphs.py 90"; do
   read -r path cap <<<"$spec"
   if [[ ! -e "$path" ]]; then
     SUMMARY+=("$(printf '%-48s %6s %5s  %s' "2. $path" "-" "-" "absent from this checkout")")
     continue
   fi
-  # keep 300 s for the engine check and the kernel grid
-  step "2. $path" "$(limit_for "$cap" 300)" "$PYTEST_KEY" \
+  # keep 330 s for the engine check and the kernel grid
+  step "2. $path" "$(limit_for "$cap" 330)" "$PYTEST_KEY" \
     $PY -m pytest -q -p no:cacheprovider "$path" -rs --durations=5 || FAILED=1
 done
 
 echo "== 3. engine check"
-lim=$(limit_for 300 45)
+lim=$(limit_for 330 45)
 step "3. bench/gpu_engine.py --device cuda" "$lim" 'grep -E "^== (FAILED|all checks)|Error|no CUDA"' \
-  $PY bench/gpu_engine.py --device cuda --budget-s $((lim > 190 ? lim - 110 : 80)) || FAILED=1
+  $PY bench/gpu_engine.py --device cuda --budget-s $((lim > 190 ? lim - 140 : 60)) \
+  ${MASKBENCH:+--maskbench "$MASKBENCH"} || FAILED=1
 
 echo "== 4. mask-kernel grid"
 lim=$(limit_for 120 0)

@@ -1,6 +1,6 @@
 """GPU check of the whole engine: a smoke test, bf16 logits parity, decode throughput vs roofline.
 
-    python bench/gpu_engine.py --device cuda [--quick] [--budget-s 200]
+    python bench/gpu_engine.py --device cuda [--quick] [--budget-s 200] [--parts abc]
     python bench/gpu_engine.py --device cpu --quick     # the same code paths at tiny shapes
 
 a. Smoke: a 2-layer random-weight Llama with Llama-3's real tokenizer (128,256 logits), bf16 on
@@ -18,6 +18,9 @@ b. Decode throughput: a random-weight Llama-3.1-8B-shaped model (tiny on --devic
    bytes read) per step / the bandwidth of a device-to-device copy_ measured here (read + write).
    --quick: 128-token prompts, 32 new tokens, batches 1/8/64 (on the CPU always 1/8).
    --budget-s: part b skips a batch that would end past it (estimated from the previous one).
+c. Serving speed, each switch on vs off (`bench/gpu_serving.py`): CUDA graphs at batch 1 and 8,
+   overlap scheduling at batch 8, MaskBench-constrained vs unconstrained at batch 64 (`--maskbench`
+   folder; skipped without one). `--parts`: which of a, b, c run (default all).
 
 Prints the provenance header, then one summary table; exit status 1 when a check failed. Writes
 no files.
@@ -43,6 +46,7 @@ from gpu_models import (
     random_model,
     runner_for,
 )
+from gpu_serving import part_c
 from jsonschema import Draft202012Validator
 from provenance import header
 from transformers import PreTrainedTokenizerFast
@@ -234,6 +238,8 @@ def main() -> None:
     ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
     ap.add_argument("--quick", action="store_true", help="shorter prompts and outputs")
     ap.add_argument("--budget-s", type=float, default=200.0, help="part b: skip batches past it")
+    ap.add_argument("--maskbench", help="part c: MaskBench schema folder (default: shared corpus)")
+    ap.add_argument("--parts", default="abc", help="which parts to run (default abc)")
     args = ap.parse_args()
     print(header(__file__), flush=True)
     if args.device == "cuda":
@@ -245,10 +251,14 @@ def main() -> None:
         tok, vocab_size=LLAMA3_VOCAB_SIZE, eos_token_ids=list(LLAMA3_EOS_TOKEN_IDS)
     )
     summary = Summary()
-    for name, part in (
+    parts = (
         ("a", lambda: part_a(summary, args.device, tok, tokinfo)),
         ("b", lambda: part_b(summary, args, tok)),
-    ):
+        ("c", lambda: part_c(summary, args, tok)),
+    )
+    for name, part in parts:
+        if name not in args.parts:
+            continue
         t = time.perf_counter()
         try:
             part()

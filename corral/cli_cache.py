@@ -3,10 +3,13 @@
 ``corral.cli`` registers these with :func:`add_cache_commands`; ``python -m corral.cli_cache``
 runs them on their own. Each handler takes the parsed arguments and returns an exit code.
 
-Entries are keyed by tokenizer fingerprint (tokenizer, logits width and stop tokens), so ``warm``
-compiles for the tokenizer of the model ``corral serve`` serves: the embedded default, or
-``--model`` / ``$CORRAL_MODEL`` as for the server. ``--tokenizer llama3`` warms for the fuzzer's
-and benchmarks' reference tokenizer instead (it needs the fuzz extras).
+``warm`` compiles each schema the way a request with it as ``response_format`` compiles
+(``corral/warming.py``), so the server hits the entries: with ``--url``, in that running server
+(``POST /v1/constraints``, its own cache tiers); otherwise in this process, for the tokenizer of
+the model ``corral serve`` serves (the embedded default, or ``--model`` / ``$CORRAL_MODEL``) and
+with the server's settings from the environment (``$CORRAL_OPEN_OBJECTS``, ...), into the disk
+store the server reads. ``--tokenizer llama3`` warms for the fuzzer's and benchmarks' reference
+tokenizer instead (it needs the fuzz extras).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     warm.add_argument("paths", nargs="+", help="schema files, or folders searched for *.json")
     _add_tokenizer_choice(warm)
+    warm.add_argument(
+        "--api-key",
+        default=os.environ.get("CORRAL_API_KEY") or None,
+        help="the server's API key, with --url [env CORRAL_API_KEY]",
+    )
     warm.add_argument("--lenient", action="store_true", help="compile in lenient mode")
     warm.add_argument("--deadline", type=float, default=None, help="compile deadline, seconds")
     warm.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -70,6 +78,12 @@ def _add_tokenizer_choice(warm: argparse.ArgumentParser) -> None:
         f"`corral serve --model` [env {model_env}] (default: the embedded SmolLM2-135M-Instruct)",
     )
     which.add_argument(
+        "--url",
+        default=None,
+        help="compile in the running server at this URL (POST /v1/constraints) instead of in "
+        "this process; --api-key or $CORRAL_API_KEY authenticates",
+    )
+    which.add_argument(
         "--tokenizer",
         choices=("llama3",),
         default=None,
@@ -90,27 +104,38 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from corral.schema_cache import CompileService
-    from corral.schema_cache.warm import WarmReport, load_specs, schema_files, warm
+    from corral.schema_cache.warm import WarmReport, load_schemas, schema_files, warm
+    from corral.warming import local_compiler, remote_compiler
 
     config = _config(args, compile_deadline_s=args.deadline)
     try:
         files = schema_files(args.paths)
-        tok, tokenizer_name = _warm_tokenizer(args)
+        server = None if args.url else _server_config(args)
+        tok, tokenizer_name = (None, "") if args.url else _warm_tokenizer(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"corral cache warm: {e}", file=sys.stderr)
         return 2
     report = WarmReport()
-    specs = load_specs(files, report, strict=not args.lenient)
+    schemas = load_schemas(files, report)
+    bar = tqdm(schemas, desc="compiling", unit="schema", disable=args.no_progress, file=sys.stderr)
+    if args.url:
+        warm(remote_compiler(args.url, args.api_key, not args.lenient), bar, report)
+        _print_warm(report, len(files), f"the server at {args.url}", None, None)
+        return 1 if report.errors else 0
     with CompileService(tok, config) as service:
-        bar = tqdm(
-            specs, desc="compiling", unit="schema", disable=args.no_progress, file=sys.stderr
-        )
-        warm(service, bar, report)
+        warm(local_compiler(service, server, not args.lenient), bar, report)
         stats = service.stats()
-    _print_warm(
-        report, len(files), f"{tokenizer_name} ({tok.fingerprint[:16]})", config.root, stats
-    )
+    where = f"{tokenizer_name} ({tok.fingerprint[:16]})"
+    _print_warm(report, len(files), where, config.root, stats)
     return 1 if report.errors else 0
+
+
+def _server_config(args: argparse.Namespace):
+    """The settings ``corral serve`` would run with here (flags it was given are not known:
+    the environment and the defaults), which shape a request's constraint."""
+    from corral.api.config import ServerConfig
+
+    return ServerConfig.from_sources({"model": args.model, "cache_dir": args.cache_dir})
 
 
 def _warm_tokenizer(args: argparse.Namespace) -> tuple[TokenizerInfo, str]:
@@ -152,15 +177,16 @@ def _served_tokenizer(model: str | None, cache_dir: Path | None = None) -> Token
     )
 
 
-def _print_warm(report, n_files: int, tokenizer: str, root: Path, stats: dict) -> None:
+def _print_warm(report, n_files: int, target: str, root: Path | None, stats: dict | None) -> None:
     refused = sum(report.refused.values())
     errors = sum(report.errors.values())
+    where = f"{target} in {root}" if root is not None else target
     print(
-        f"{report.total} schemas from {n_files} files for {tokenizer} in {root}: "
+        f"{report.total} schemas from {n_files} files for {where}: "
         f"{report.compiled} compiled, {report.cached} already cached, {refused} refused, "
         f"{errors} errors"
     )
-    if stats["deadline_hits"] or stats["corrupt_entries"]:
+    if stats and (stats["deadline_hits"] or stats["corrupt_entries"]):
         print(
             f"{stats['deadline_hits']} compiles hit the deadline; "
             f"{stats['corrupt_entries']} corrupt entries were recompiled"

@@ -25,6 +25,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             s.flag, dest=s.field, type=s.parse, default=None, help=f"{s.help} [env {s.env}]"
         )
+    parser.add_argument(
+        "--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False,
+        help="the same as --cuda-graphs false",
+    )  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

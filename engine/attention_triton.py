@@ -281,13 +281,17 @@ class TritonAttention:
             self._extend_rows(extend, device) if extend else None,
         )
 
-    def _decode_rows(self, rows: list[tuple[int, int, int]], device: torch.device) -> DecodeRows:
-        longest = max(kv_len for _, _, kv_len in rows)
+    def decode_splits(self, longest: int) -> tuple[int, int]:
+        """(num_splits, split_len) of a decode step whose longest context is `longest` (CUDA
+        graphs fix them for the longest context allowed)."""
         splits = min(self.max_splits, triton.cdiv(longest, self.split_chunk))
         split_len = triton.cdiv(longest, splits)
         if split_len > _SPLIT_ALIGN:  # whole blocks per split, then drop splits left empty
             split_len = triton.cdiv(split_len, _SPLIT_ALIGN) * _SPLIT_ALIGN
-        splits = triton.cdiv(longest, split_len)
+        return triton.cdiv(longest, split_len), split_len
+
+    def _decode_rows(self, rows: list[tuple[int, int, int]], device: torch.device) -> DecodeRows:
+        splits, split_len = self.decode_splits(max(kv_len for _, _, kv_len in rows))
         table = torch.tensor(rows, dtype=torch.int32).T.contiguous().to(device, non_blocking=True)
         partials = None
         if splits > 1:

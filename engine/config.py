@@ -41,6 +41,9 @@ class EngineConfig:
     - `overlap`: overlap scheduling (`engine.overlap`): step n+1 is scheduled, and the model
       started on it, before step n's tokens are read back and postprocessed; outputs are the
       same either way.
+    - `cuda_graphs`: on CUDA, decode steps of up to `max_num_seqs` sequences replay CUDA graphs
+      captured per batch-size bucket (`engine.cuda_graphs`); False runs every step eagerly
+      (`--no-cuda-graphs`). Ignored on the CPU.
     - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
       this many requests (the match costs a tree walk each); beyond it, first come first served.
     - `faults`: test-only fault injection (`engine.faults`, e.g. "step@3,seq@5"); None reads the
@@ -61,6 +64,7 @@ class EngineConfig:
     mask_threads: int | None = None
     mask_grace_ms: float | None = 20.0
     overlap: bool = False
+    cuda_graphs: bool = True
     lpm_queue_limit: int = 128
     faults: str | None = None
 

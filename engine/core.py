@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forward imports us
     import torch
 
+    from corral.engine.budget_close import BudgetSteer
     from corral.engine.detokenize import Detokenizer
     from corral.engine.grammar_masks import LateMask
     from corral.engine.jump_forward import Boundary, LookupIndex
     from corral.engine.radix_cache import Node
     from corral.grammar.matcher import Matcher
+    from corral.grammar.shortest import JsonCloser
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -62,6 +64,19 @@ class ReasoningBudget:
 
 
 @dataclass(frozen=True)
+class BudgetReport:
+    """What budget closing did for one choice (`engine.budget_close`): `steered` when the
+    budget shaped the output (its end was appended as the shortest completion); `cut_short`
+    the JSON pointers of the values that completion finished or filled; `complete` whether
+    the output is a complete instance; `reason` why it was not steered, where it was not."""
+
+    steered: bool
+    cut_short: tuple[str, ...] = ()
+    complete: bool = True
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens for one request (OpenAI semantics).
 
@@ -80,6 +95,9 @@ class SamplingParams:
     allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
     `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
     `reasoning_budget`: the think block of a reasoning model is closed after that many tokens.
+    `budget_close`: the closer of the JSON schema the constraint enforces; with it, a
+    constrained output is steered to end as a complete instance within `max_tokens`
+    (`engine.budget_close`).
     """
 
     max_tokens: int = 16
@@ -100,6 +118,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     reasoning_budget: ReasoningBudget | None = None
+    budget_close: JsonCloser | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -168,6 +187,7 @@ class Output:
     num_prompt_tokens: int
     num_cached_tokens: int
     error: EngineFailure | None = None  # set when finish_reason is "error"
+    budget_close: BudgetReport | None = None  # in the final Output, where budget closing acted
 
 
 @dataclass
@@ -182,6 +202,7 @@ class CollectedChoice:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
     error: EngineFailure | None = None
+    budget_close: BudgetReport | None = None
 
     def add(self, out: Output) -> None:
         self.text += out.text
@@ -191,6 +212,7 @@ class CollectedChoice:
         self.finish_reason = out.finish_reason
         self.num_cached_tokens = out.num_cached_tokens
         self.error = out.error
+        self.budget_close = out.budget_close
 
 
 class SeqStatus(enum.Enum):
@@ -244,6 +266,7 @@ class Sequence:
     pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output
     pending_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
     seen_prompt: torch.Tensor | None = field(default=None, init=False)  # prompt ids (penalty)
+    budget: BudgetSteer | None = field(default=None, init=False)  # with params.budget_close
 
     @property
     def num_tokens(self) -> int:

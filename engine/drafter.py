@@ -5,7 +5,7 @@ boundary splits). `Drafter` applies them at the three points of a constrained se
 where they matter, so that `Engine.step` stays schedule -> run -> postprocess:
 
 - `start`: a new sequence gets its first draft, verified in its prefill pass (and a reasoning
-  budget of 0 its end marker);
+  budget of 0 its end marker, a budget-closed JSON constraint its `BudgetSteer`);
 - `verify`: after sampling, the draft fed in that pass is settled (learned from, counted,
   cleared); the engine frees the KV of its rejected tail;
 - `jump_forward`: the tokens the grammar alone decides are appended, then what it forces next
@@ -20,6 +20,7 @@ from collections import Counter
 
 import torch
 
+from corral.engine.budget_close import BudgetSteer
 from corral.engine.config import EngineConfig
 from corral.engine.core import Sequence, SequenceFailed
 from corral.engine.jump_forward import (
@@ -60,6 +61,10 @@ class Drafter:
         """Give a new sequence its first draft. A sequence whose matcher is already broken gets
         none: its first mask fill fails it, inside a step, like any other matcher failure."""
         close = reasoning_close(seq, self.tokenizer)  # a reasoning budget of 0
+        if seq.params.budget_close is not None and seq.matcher is not None:
+            seq.budget = BudgetSteer(
+                seq, self.tokenizer, self._post.max_model_len, self._force_mask
+            )
         try:
             if len(close) < seq.params.max_tokens:  # a sequence never ends before its first pass
                 self._force_all(seq, close)

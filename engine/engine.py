@@ -4,9 +4,10 @@
     tokens = run(step_inputs(plan))               # forward (masks filled meanwhile), sample
     outputs = postprocess(plan, tokens)           # accept, jump-forward, finish, emit
 
-Who owns what: validation `validate`, seeds `sampler.choice_seeds`, grammar masks
-`grammar_masks`, forced tokens and drafts `drafter.Drafter`, appending tokens and finish rules
-`postprocess`, KV slots `cache_manager`. The engine wires them together and keeps the books.
+Who owns what: validation `validate`, seeds `sampler.choice_seeds`, grammar masks and their
+deadline `step_masks` (over `grammar_masks`), forced tokens and drafts `drafter.Drafter`,
+appending tokens and finish rules `postprocess`, KV slots `cache_manager`. The engine wires them
+together and keeps the books.
 
 Mask deadline. A constrained row whose mask is not ready `EngineConfig.mask_grace_ms` after the
 logits sits the step out (`grammar_masks`): it is not sampled, keeps the KV of all but its last
@@ -49,14 +50,14 @@ from corral.engine.core import (
 from corral.engine.detokenize import Detokenizer
 from corral.engine.drafter import Drafter
 from corral.engine.faults import Faults
-from corral.engine.grammar_masks import MaskFill, MaskFiller
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.overlap import OverlapLoop
 from corral.engine.postprocess import Postprocessor
-from corral.engine.sampler import DeviceSample, choice_seeds, read_back, sample_on_device
+from corral.engine.sampler import choice_seeds, read_back
 from corral.engine.scheduler import Schedule, ScheduledSeq, Scheduler
 from corral.engine.stats import collect
 from corral.engine.step_inputs import StepRows, step_inputs
+from corral.engine.step_masks import StepMasks
 from corral.engine.validate import validate_constraint, validate_prompt
 
 if TYPE_CHECKING:
@@ -85,14 +86,17 @@ class Engine:
         limit = self.config.max_model_len or model.max_position_embeddings
         self.max_model_len = min(limit, model.max_position_embeddings)
         self.pool = self.runner.kv_pool_from_budget(self._kv_budget())
+        if self.config.cuda_graphs and self.runner.device.type == "cuda":
+            self.runner.use_decode_graphs(self.pool, self.config.max_num_seqs, self.max_model_len)
         self.cache = CacheManager(self.pool, self.config.prefix_cache)
         self.scheduler = Scheduler(self.config, self.cache)
-        self.masks = MaskFiller(self.vocab_size, self.runner.device, self.config.mask_threads)
-        grace = self.config.mask_grace_ms
-        self._mask_grace_s = None if grace is None else grace / 1000
         self.eos = frozenset(model.eos_token_ids)
         self.post = Postprocessor(self.eos, self.max_model_len)
         self.counters: Counter[str] = Counter()
+        self.masks = StepMasks(
+            self.config, self.vocab_size, self.runner.device, self.eos,
+            self.faults, self.cache, self.counters,
+        )  # fmt: skip
         self.drafter = Drafter(
             self.config, self.tokenizer, self.vocab_size, self.post, self.counters
         )
@@ -257,47 +261,17 @@ class Engine:
         """The forward pass, with the grammar masks filled on the worker threads meanwhile, then
         one sampled token (and its logprob where asked) per row; rows whose mask missed the
         deadline are not sampled, and their sequences are returned (`grammar_masks`)."""
-        fill = self._start_masks(rows)
+        fill = self.masks.start(rows, self._batches)
         try:
             logits = self.runner.forward(batch, self.pool)
         except BaseException:  # never leave fills running on matchers past a failed forward
-            if fill is not None:
-                self.masks.wait(fill, None)
+            self.masks.settle(fill)
             raise
-        sitting_out = self._late(fill)
-        drawn, rows = self._draw(logits, rows, fill, sitting_out)
+        sitting_out = self.masks.late(fill)
+        drawn, rows = self.masks.draw(logits, rows, fill, sitting_out)
         if drawn is None:
             return [], [], sitting_out
         return (*read_back(drawn, rows.specs), sitting_out)
-
-    def _start_masks(self, rows: StepRows) -> MaskFill | None:
-        if not rows.jobs:
-            return None
-        fault = self.faults.take("mask", self._batches) if self.faults else None
-        return self.masks.start(rows.jobs, len(rows.mask_rows), fault)
-
-    def _late(self, fill: MaskFill | None) -> set[Sequence]:
-        """Wait for the masks until the deadline; the sequences whose rows sit this step out."""
-        if fill is None:
-            return set()
-        return {job.seq for job in self.masks.wait(fill, self._mask_grace_s)}
-
-    def _draw(
-        self, logits: torch.Tensor, rows: StepRows, fill: MaskFill | None, drop: set[Sequence]
-    ) -> tuple[DeviceSample | None, StepRows]:
-        """Sample every row but those of `drop` on the logits' device (no host sync); also
-        returns the rows sampled. None when no row is left."""
-        bitmask = fill.bitmask if fill is not None else None
-        if drop:
-            keep, mask_keep, rows = rows.without(drop)
-            logits = logits[torch.tensor(keep, dtype=torch.int64)]
-            if bitmask is not None:  # a copy: late fills may still write into the step's buffer
-                bitmask = bitmask[torch.tensor(mask_keep, dtype=torch.int64)]
-        if not rows.specs:
-            return None, rows
-        mask_rows = torch.tensor(rows.mask_rows, dtype=torch.int64) if rows.mask_rows else None
-        with torch.inference_mode():  # the logits are inference tensors
-            return sample_on_device(logits, rows.specs, bitmask, mask_rows, self.eos), rows
 
     def _postprocess(
         self,
@@ -312,7 +286,7 @@ class Engine:
         row = 0
         for k, item in enumerate(plan.items):
             if item.seq in sitting_out:
-                self._sit_out(item)
+                self.masks.sit_out(item)
                 continue
             n_rows = item.draft_len + 1 if item.sample else 0
             if item.seq.finished:  # overlap: aborted while its step ran
@@ -353,17 +327,6 @@ class Engine:
         if seq.finish_reason is not None:
             self._finish(seq)
         return self.post.emit(seq)
-
-    def _sit_out(self, item: ScheduledSeq) -> None:
-        """Its mask missed the deadline: keep the KV of all it fed but its last real token
-        (whose logits were dropped) and free the rest; it is fed that token again next step."""
-        seq = item.seq
-        seq.forward_passes += 1
-        self.counters["seq_forward_passes"] += 1
-        seq.mask_deferrals += 1
-        self.counters["mask_deferrals"] += 1
-        seq.num_computed += item.num_new - item.draft_len - 1
-        self.cache.truncate(seq)
 
     def _take_sampled(
         self,

@@ -193,33 +193,39 @@ class _GGUFTensors:
 
 class GGUFRows:
     """A GGUF embedding table read row by row from the file when tokens are looked up: rows are
-    dequantized on the way (any GGUF type, exact), and the table takes no memory of the process
-    (the rows a prompt needs come from the page cache, a `pread` each)."""
+    dequantized on the way (any GGUF type, exact). The table is a read-only memory map, so it
+    takes no anonymous memory: the rows a step reads are page-cache pages the kernel may drop,
+    and a lookup makes no system call once they are mapped (the refined head reads 64 rows a
+    decode step)."""
 
     def __init__(self, path: Path, tensor: TensorInfo) -> None:
         self.info = tensor
         self.shape = tensor.shape
-        self._fd = os.open(path, os.O_RDONLY)
+        self._rows = np.memmap(
+            path, np.uint8, "r", offset=tensor.offset, shape=(self.shape[0], tensor.row_bytes)
+        )
 
     def lookup(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """`[len(ids), hidden]` rows in `dtype`."""
         t, wanted = self.info, ids.tolist()
         if not wanted:
             return torch.empty(0, self.shape[1], dtype=dtype)
-        distinct = sorted(set(wanted))
-        raw = b"".join(os.pread(self._fd, t.row_bytes, t.offset + i * t.row_bytes)
-                       for i in distinct)  # fmt: skip
+        raw = self._rows[wanted]  # a copy of just those rows
+        if t.qtype == QT.Q8_0:
+            return _q8_0_rows(torch.from_numpy(raw), self.shape[1]).to(dtype)
         stored_dtype, stored_shape = t.stored
-        blocks = np.frombuffer(raw, dtype=stored_dtype).reshape(len(distinct), *stored_shape[1:])
-        table = dequantize_array(blocks, t.qtype, (len(distinct), self.shape[1]), dtype)
-        index = {tok: i for i, tok in enumerate(distinct)}
-        return table[torch.tensor([index[t] for t in wanted], dtype=torch.int64)]
+        blocks = raw.view(stored_dtype).reshape(len(wanted), *stored_shape[1:])
+        return dequantize_array(blocks, t.qtype, (len(wanted), self.shape[1]), dtype)
 
-    def __del__(self) -> None:
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
+
+def _q8_0_rows(raw: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Q8_0 rows (`uint8 [n, row_bytes]`: per 32 values an fp16 scale, then 32 int8) in float32,
+    as gguf's reference computes them (`scale * q` in float32), with a few torch ops instead of
+    its generic numpy path (a decode step's 64 head rows: ~4x faster)."""
+    blocks = raw.view(raw.shape[0], -1, 34)
+    scale = blocks[..., :2].contiguous().view(torch.float16).float()
+    q = blocks[..., 2:].contiguous().view(torch.int8).float()
+    return (q * scale).reshape(raw.shape[0], hidden)
 
 
 @dataclass(frozen=True, eq=False)

@@ -4,18 +4,23 @@ Masks. Every constrained logits row gets one bitmask row (`int32[R, ceil(V/32)]`
 project-wide format). The matchers fill them on `EngineConfig.mask_threads` worker threads
 while the stepping thread runs the model (the grammar backends release the GIL while they
 compute a mask); the sampler waits for them, then `mask_kernels` applies them. Jobs (one per
-sequence, with its draft rows) are claimed one at a time from a shared counter, so a slow
-matcher holds up only its own job while another thread is free. The stepping thread never
-fills (a slow fill there would hold the step past its deadline) and touches no matcher whose
-fill is in flight.
+sequence, with its draft rows) are claimed in units from a shared counter, so a slow matcher
+holds up only its own unit while another thread is free. A unit is one job, or a chunk of
+rows with a native llguidance cursor (`Matcher.native_cursor`, no draft) that one native batch
+call fills (llguidance's `LLExecutor`: one GIL release and no Python per row; measured in
+`bench/masks.py`), then each row's `refine_mask`; every other job (drafts, xgrammar) fills on
+its own. The
+stepping thread never fills (a slow fill there would hold the step past its deadline) and
+touches no matcher whose fill is in flight.
 
 Deadline (`EngineConfig.mask_grace_ms`). A row whose mask is not ready when the logits are,
-plus the grace, sits the step out instead of stalling the batch: its logits are dropped and
-its sequence runs again (`Engine` keeps the KV of all but its last fed token). A row is never
-sampled without its mask. A fill still running at the deadline goes on; its sequence is
-`mask_busy` (the scheduler skips it) until the fill ends, and the masks it made wait in
-`seq.late_mask` for the next step, which then only copies them: a mask too slow for one step
-does not keep missing the next. Sequences that sat out are filled first next time.
+plus the grace, sits the step out (a native chunk's rows all together) instead of stalling the
+batch: its logits are dropped and its sequence runs again (`Engine` keeps the KV of all but its
+last fed token). A row is never sampled without its mask. A fill still running at the deadline
+goes on; its sequence is `mask_busy` (the scheduler skips it) until the fill ends, and the
+masks it made wait in `seq.late_mask` for the next step, which then only copies them: a mask
+too slow for one step does not keep missing the next. Sequences that sat out are filled first
+next time.
 
 Jump-forward drafts (see `jump_forward`) get one mask row per draft position. The verification
 rows' masks are filled by accepting the draft tokens one by one (each row is
@@ -40,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+import llguidance
 import torch
 
 from corral.engine.core import EngineFailure, Sequence, SequenceFailed
@@ -48,6 +54,11 @@ if TYPE_CHECKING:
     from corral.grammar.matcher import Matcher
 
 T = TypeVar("T")
+
+# Plain llguidance rows per native batch call (`_fill_native`): large enough that the calls'
+# Python overhead is small next to the masks, small enough that a late chunk defers few rows
+# (a unit is late as a whole) and that the worker threads share a step's chunks.
+NATIVE_CHUNK = 16
 
 
 @dataclass
@@ -69,7 +80,11 @@ class LateMask:
 
 
 class MaskFill:
-    """One step's masks being filled: jobs claimed in turn by the worker threads."""
+    """One step's masks being filled: units of work claimed in turn by the worker threads.
+
+    A unit is one job, or a chunk of up to `NATIVE_CHUNK` plain llguidance jobs filled by one
+    native batch call (`_units`). A unit is late, or on time, as a whole.
+    """
 
     def __init__(
         self,
@@ -77,14 +92,18 @@ class MaskFill:
         bitmask: torch.Tensor,
         fault: Exception | None,
         late_done: threading.Event,
+        executor: llguidance.LLExecutor | None = None,
     ) -> None:
-        """`late_done` is set whenever a late fill ends (its sequence can be scheduled again)."""
+        """`late_done` is set whenever a late fill ends (its sequence can be scheduled again);
+        `executor`: llguidance's, for the chunks of plain rows (None: every job on its own)."""
         # Sequences that sat out a step go first: a mask that is slow once is not late twice.
-        self.jobs = sorted(jobs, key=lambda j: -j.seq.mask_deferrals)
+        jobs = sorted(jobs, key=lambda j: -j.seq.mask_deferrals)
+        self.units = _units(jobs, fault is not None, executor is not None)
         self.bitmask = bitmask
         self._fault = fault
-        self._next = 0  # jobs[:_next] are claimed
-        self._done = [False] * len(jobs)
+        self._executor = executor
+        self._next = 0  # units[:_next] are claimed
+        self._done = [False] * len(self.units)
         self._num_done = 0
         self._closed = False  # the step stopped waiting: claim nothing more
         self._deadline = float("inf")  # `perf_counter` time past which nothing new starts
@@ -97,10 +116,10 @@ class MaskFill:
         return self._num_done < self._next
 
     def work(self) -> None:
-        """Fill jobs until none is left to claim (a worker thread's task)."""
+        """Fill units until none is left to claim (a worker thread's task)."""
         while True:
             with self._cv:
-                if self._closed or self._next == len(self.jobs):
+                if self._closed or self._next == len(self.units):
                     return
                 if time.perf_counter() >= self._deadline:
                     return  # too late to start: leave the GIL to the waiting step
@@ -110,32 +129,77 @@ class MaskFill:
 
     def wait(self, grace_s: float | None) -> list[MaskJob]:
         """Wait for the fills for up to `grace_s` (None: as long as they take). Returns the
-        jobs whose rows must sit this step out; from here on no more jobs start, and the late
+        jobs whose rows must sit this step out; from here on no more units start, and the late
         ones still running mark their sequences `mask_busy`."""
         with self._cv:
             if grace_s is not None:
                 self._deadline = time.perf_counter() + grace_s
-            self._cv.wait_for(lambda: self._num_done == len(self.jobs), grace_s)
+            self._cv.wait_for(lambda: self._num_done == len(self.units), grace_s)
             self._closed = True
-            late = [job for i, job in enumerate(self.jobs) if not self._done[i]]
+            late = [
+                job for i, unit in enumerate(self.units) if not self._done[i] for job in unit.jobs
+            ]
             for i in range(self._next):
                 if not self._done[i]:
-                    self.jobs[i].seq.mask_busy = True
+                    for job in self.units[i].jobs:
+                        job.seq.mask_busy = True
         return late
 
     def _run(self, i: int) -> None:
-        job = self.jobs[i]
-        _fill_guarded(job, self.bitmask, self._fault if i == 0 else None)
+        unit = self.units[i]
+        if unit.native:
+            _fill_native(unit.jobs, self.bitmask, self._executor)
+        else:
+            _fill_guarded(unit.jobs[0], self.bitmask, self._fault if i == 0 else None)
         with self._cv:
             self._done[i] = True
             self._num_done += 1
             if self._closed:  # too late for its step: keep the masks for the next one
-                end = job.first_row + len(job.draft) + 1
-                job.seq.late_mask = LateMask(tuple(job.draft), self.bitmask[job.first_row : end])
-                job.seq.mask_busy = False
+                for job in unit.jobs:
+                    end = job.first_row + len(job.draft) + 1
+                    job.seq.late_mask = LateMask(
+                        tuple(job.draft), self.bitmask[job.first_row : end]
+                    )
+                    job.seq.mask_busy = False
                 self._late_done.set()
-            elif self._num_done == len(self.jobs):
+            elif self._num_done == len(self.units):
                 self._cv.notify_all()  # the step waits for all of them, not for each
+
+
+@dataclass
+class _Unit:
+    """What one worker claims at once: one job, or (`native`) a chunk of plain llguidance jobs
+    filled by one batch call."""
+
+    jobs: list[MaskJob]
+    native: bool = False
+
+
+def _units(jobs: list[MaskJob], fault: bool, batch: bool) -> list[_Unit]:
+    """`jobs` as units: plain jobs (`_plain`) in chunks of up to `NATIVE_CHUNK` when `batch`,
+    every other job alone (the first one too when a `fault` is to be raised in it)."""
+    units: list[_Unit] = []
+    chunk: _Unit | None = None
+    for k, job in enumerate(jobs):
+        if not batch or (fault and k == 0) or not _plain(job):
+            units.append(_Unit([job]))
+            continue
+        if chunk is None or len(chunk.jobs) == NATIVE_CHUNK:
+            chunk = _Unit([], native=True)
+            units.append(chunk)
+        chunk.jobs.append(job)
+    if fault:  # (tests) the fault stays in unit 0
+        return units
+    # Longest first, within a deferral class: the chunks, then the single jobs that even out
+    # the threads' loads at the end.
+    return sorted(units, key=lambda u: (-u.jobs[0].seq.mask_deferrals, not u.native))
+
+
+def _plain(job: MaskJob) -> bool:
+    """A job llguidance's batch call can fill: one row of a matcher with a native cursor
+    (`Matcher.native_cursor`; its `refine_mask` runs after the call), no late masks."""
+    seq = job.seq
+    return not job.draft and seq.late_mask is None and seq.matcher.native_cursor() is not None
 
 
 class MaskFiller:
@@ -158,11 +222,12 @@ class MaskFiller:
         self._turn = 0
         self.late_done = threading.Event()  # a late fill ended (`MaskFill`)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corral-mask")
+        self._executor = llguidance.LLExecutor(threads)
 
     def start(self, jobs: list[MaskJob], num_rows: int, fault: Exception | None = None) -> MaskFill:
         """Begin filling an `int32[num_rows, W]` bitmask (`MaskFill.wait`, then its `bitmask`).
         `fault` (tests, `engine.faults`) is raised inside the first job's fill."""
-        fill = MaskFill(jobs, self._buffer(num_rows), fault, self.late_done)
+        fill = MaskFill(jobs, self._buffer(num_rows), fault, self.late_done, self._executor)
         for _ in range(min(self.threads, len(jobs))):
             self._pool.submit(fill.work)
         return fill
@@ -242,6 +307,33 @@ def _fill_guarded(job: MaskJob, bitmask: torch.Tensor, fault: Exception | None) 
     except Exception as e:  # one sequence's matcher broke: that sequence fails, not the step
         failure = EngineFailure("sequence_failed", f"filling the grammar mask failed: {e!r}")
         _fail_job(job, bitmask, failure)
+
+
+def _fill_native(
+    jobs: list[MaskJob], bitmask: torch.Tensor, executor: llguidance.LLExecutor
+) -> None:
+    """Fill plain llguidance jobs' rows in one batch call (`_plain`): the GIL is released
+    once for all of them, and llguidance's own threads share the rows. Then the per-row
+    contract: a matcher left in its error state is filled again the checked way (recovered
+    once, or its sequence fails), as are all of them if the batch call itself refuses."""
+    cursors = [(job.seq.matcher.native_cursor(), job.first_row) for job in jobs]
+    try:
+        executor.unsafe_compute_mask_ptr(
+            cursors, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        )
+    except Exception:  # e.g. a cursor borrowed elsewhere ("Already borrowed")
+        for job in jobs:
+            _fill_guarded(job, bitmask, None)
+        return
+    for job in jobs:
+        m = job.seq.matcher
+        try:
+            if m.error() is None:
+                m.refine_mask(bitmask, job.first_row)
+                continue
+        except Exception:  # noqa: S110 - filled again below, where failures are handled
+            pass
+        _fill_guarded(job, bitmask, None)
 
 
 def _fill_job(job: MaskJob, bitmask: torch.Tensor) -> None:

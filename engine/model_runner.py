@@ -5,8 +5,8 @@ which KV slots, attending over which slots) and gets back logits for the rows it
 runner makes no policy decisions: it does not allocate slots, choose sequences or sample.
 
 On CUDA the attention backend is Triton paged attention (`attention_triton`), on the CPU torch SDPA
-(`attention`); CUDA graphs (captured per decode batch size) would wrap `_run`; `ForwardBatch`
-stays.
+(`attention`). Decode steps can replay CUDA graphs captured per batch-size bucket
+(`cuda_graphs`, `use_decode_graphs`); every other step, and every step without them, runs eagerly.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from corral.engine.attention import AttentionBackend, TorchAttention
 from corral.engine.kv_pool import KVPool
 from corral.engine.model import DecoderModel
 from corral.engine.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from corral.engine.cuda_graphs import DecodeGraphs
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,17 @@ class ForwardBatch:
         return int(self.input_ids.numel())
 
 
+def fill_pending(
+    input_ids: torch.Tensor, batch: ForwardBatch, prev: torch.Tensor | None, dev: torch.device
+) -> None:
+    """Write the previous step's sampled tokens (on the device) into `input_ids` where
+    `batch.pending` says they go (overlap scheduling)."""
+    if batch.pending is not None:
+        at, rows = (t.to(dev, non_blocking=True) for t in batch.pending)
+        # -1 (a row with no allowed token) fails its sequence; feed a harmless id meanwhile
+        input_ids[at] = prev[rows].to(input_ids.dtype).clamp_(min=0)
+
+
 def default_attention(c: ModelConfig, device: torch.device) -> AttentionBackend:
     """Triton paged attention on CUDA, torch SDPA over gathered K/V on the CPU (and on CUDA for
     a head size the kernels do not take: not a power of two >= 16, e.g. 80; logged)."""
@@ -120,6 +135,24 @@ class ModelRunner:
         self.dtype = model.dtype
         self.device = model.device
         self.attention = attention or default_attention(c, self.device)
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def use_decode_graphs(
+        self, pool: KVPool, max_batch: int, max_len: int, capture: bool = True
+    ) -> DecodeGraphs | None:
+        """Run decode steps of up to `max_batch` sequences over `pool` through static buffers,
+        replayed from CUDA graphs (`capture`; CUDA with Triton attention only, else logged and
+        None) or run eagerly from the same buffers (`capture=False`, any device)."""
+        from corral.engine.attention_triton import TritonAttention
+        from corral.engine.cuda_graphs import DecodeGraphs
+
+        if capture and not (
+            self.device.type == "cuda" and isinstance(self.attention, TritonAttention)
+        ):
+            log.warning("no CUDA graphs: they need CUDA and the Triton attention backend")
+            return None
+        self.decode_graphs = DecodeGraphs(self, pool, max_batch, max_len, capture)
+        return self.decode_graphs
 
     def make_kv_pool(self, num_slots: int) -> KVPool:
         """A pool shaped for this model (layers, KV heads, head dim, dtype, device)."""
@@ -146,12 +179,12 @@ class ModelRunner:
     def _run(
         self, batch: ForwardBatch, pool: KVPool, prev_tokens: torch.Tensor | None
     ) -> torch.Tensor:
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.fits(batch, pool):
+            return graphs.run(batch, prev_tokens)
         dev = self.device
         input_ids = batch.input_ids.to(dev, non_blocking=True)
-        if batch.pending is not None:
-            at, rows = (t.to(dev, non_blocking=True) for t in batch.pending)
-            # -1 (a row with no allowed token) fails its sequence; feed a harmless id meanwhile
-            input_ids[at] = prev_tokens[rows].to(input_ids.dtype).clamp_(min=0)
+        fill_pending(input_ids, batch, prev_tokens, dev)
         out_slots = batch.out_slots.to(dev, non_blocking=True)
         meta = self.attention.prepare(
             out_slots, batch.seq_kv_indices, batch.extend_lens, dev, self.dtype

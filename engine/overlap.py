@@ -112,16 +112,15 @@ class OverlapLoop:
     ) -> Launched | None:
         """Fill n+1's masks, wait for its logits and the masks, sample it on the device."""
         e = self.engine
-        fill = e._start_masks(rows)
+        fill = e.masks.start(rows, e._batches)
         try:
             logits = forward.result()
         except BaseException:  # never leave fills running on matchers past a failed forward
-            if fill is not None:
-                e.masks.wait(fill, None)
+            e.masks.settle(fill)
             raise
-        sitting_out = e._late(fill)
+        sitting_out = e.masks.late(fill)
         drop = sitting_out | void
-        drawn, rows = self._device.submit(e._draw, logits, rows, fill, drop).result()
+        drawn, rows = self._device.submit(e.masks.draw, logits, rows, fill, drop).result()
         return self._settle(plan, void, sitting_out, drawn, rows.specs)
 
     def _forward(self, batch: ForwardBatch, prev_tokens: torch.Tensor | None) -> torch.Tensor:
@@ -155,7 +154,7 @@ class OverlapLoop:
             if seq.finished:
                 continue
             if seq in sitting_out:
-                e._sit_out(item)
+                e.masks.sit_out(item)
                 continue
             if seq in void or not item.sample:  # all it fed has KV; nothing to sample
                 seq.forward_passes += 1

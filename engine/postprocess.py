@@ -10,6 +10,9 @@ Constrained outputs: the request's stop strings and stop tokens only count where
 could end here (`matcher.can_terminate()`), so a stop string inside a JSON string value never
 truncates the JSON. EOS is only sampled where the grammar allows it (the mask).
 
+Budget closing (`budget_close`): a token that would leave too few tokens to close the JSON is
+not taken; the shortest completion is appended instead and the output ends as "length".
+
 Failures: a sampled token the matcher refuses (after one recovery of a matcher in error, see
 `grammar_masks.accept_checked`), or a row with no allowed token, raises `SequenceFailed`
 ("constraint_failed"); the engine then ends the sequence with finish reason "error" (`fail`).
@@ -57,6 +60,13 @@ class Postprocessor:
         m = seq.matcher
         if tok < 0:
             raise constraint_failed("no token was allowed: the grammar mask was empty")
+        steer = seq.budget
+        if steer is not None and not steer.admits(seq, tok):
+            if steer.close(seq, lambda t: self._append(seq, t, None)):
+                if seq.finish_reason is None:
+                    self.finish(seq, "length")
+                seq.finish_reason = "length"  # the budget shaped it, whatever ended it
+                return
         if m is not None and not accept_checked(m, tok):
             raise constraint_failed(f"the grammar refused token {tok}, which its own mask allowed")
         seq.output_ids.append(tok)
@@ -108,6 +118,7 @@ class Postprocessor:
             num_prompt_tokens=len(seq.prompt_ids),
             num_cached_tokens=seq.num_cached_tokens,
             error=seq.error,
+            budget_close=seq.budget.report(seq) if final and seq.budget else None,
         )
         seq.pending_ids = []
         seq.pending_logprobs = []

@@ -180,6 +180,7 @@ def _tensors(specs: list[RowSpec], device: torch.device) -> SamplingTensors:
         seed=[s.seq.seed for s in specs],
         offset=[s.offset for s in specs],
         device=device,
+        logprobs=any(p.wants_logprobs for p in ps),
     )
 
 

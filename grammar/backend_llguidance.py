@@ -201,6 +201,9 @@ class LLGuidanceMatcher(Matcher):
         self._m.unsafe_compute_mask_ptr(ptr, bitmask.shape[1] * 4)
         return True
 
+    def native_cursor(self) -> Any:
+        return self._m
+
     def accept(self, token_id: int) -> bool:
         if token_id in self._eos:
             if self._ended or not self._m.is_accepting():

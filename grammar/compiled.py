@@ -12,6 +12,7 @@ from typing import Any
 
 from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
+from corral.grammar.distinct_keys import DistinctKeysMatcher, token_index
 from corral.grammar.errors import Unenforced
 from corral.grammar.llg_limits import check_raised
 from corral.grammar.matcher import Matcher
@@ -19,7 +20,7 @@ from corral.grammar.tokenizer import TokenizerInfo
 from corral.grammar.version import ANALYSIS_VERSION
 
 #: Bumped whenever the byte layout or the meaning of a stored payload changes.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _MAGIC = b"CORRALCC"
 # Measured (glibc mallinfo2, Llama-3 tokenizer, grammars of 0.3-130 KB): an llguidance prototype
 # holds about 56 KiB plus 60-90 bytes per byte of grammar text, before its lexer grows with use.
@@ -96,11 +97,15 @@ class CompiledConstraint:
     limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: The grammar code that compiled it (``version.ANALYSIS_VERSION``).
     analysis_version: str = ANALYSIS_VERSION
+    #: Outputs must not repeat a key within an object (``distinct_keys``; llguidance only).
+    distinct_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
             known = ", ".join(sorted(_BACKENDS))
             raise ValueError(f"unknown grammar backend {self.backend!r}; known: {known}")
+        if self.distinct_keys and self.backend != llg.NAME:
+            raise ValueError("distinct keys are checked over llguidance matchers only")
 
     @property
     def size_bytes(self) -> int:
@@ -110,7 +115,10 @@ class CompiledConstraint:
 
     def matcher(self) -> Matcher:
         """A fresh per-request cursor; cheap (a copy of a prototype, or a new xgrammar matcher)."""
-        return _BACKENDS[self.backend].matcher(self.native, self.eos_token_ids)
+        inner = _BACKENDS[self.backend].matcher(self.native, self.eos_token_ids)
+        if not self.distinct_keys:
+            return inner
+        return DistinctKeysMatcher(inner, token_index(self.native.tokenizer), self.eos_token_ids)
 
     @property
     def backend_version(self) -> str:
@@ -130,6 +138,7 @@ class CompiledConstraint:
             "unenforced": [list(u) for u in self.unenforced],
             "limits": dict(self.limits),
             "analysis": self.analysis_version,
+            "distinct_keys": self.distinct_keys,
         }
         header["seal"] = _seal(header, self.payload)
         raw = json.dumps(header).encode()
@@ -170,6 +179,7 @@ class CompiledConstraint:
             unenforced=tuple(Unenforced(*u) for u in header.get("unenforced", [])),
             native=native,
             limits=MappingProxyType(limits),
+            distinct_keys=header["distinct_keys"] is True,
         )
 
 
@@ -182,6 +192,7 @@ _HEADER_KEYS = {
     "unenforced",
     "limits",
     "analysis",
+    "distinct_keys",
     "seal",
 }
 

@@ -29,6 +29,7 @@ from corral.grammar.probe import ProbeFailure, probe
 from corral.grammar.reasoning import after_reasoning
 from corral.grammar.regex_translate import literal_regex, translate_regex
 from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.schema_order import backend_layout
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
 from corral.grammar.structural_tag import structural_tag_lark
 from corral.grammar.tokenizer import TokenizerInfo
@@ -48,9 +49,18 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
         return _compile_ebnf(spec, tok)
     unenforced: tuple = ()
     raised: dict[str, int] = {}
+    distinct_keys = False
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
-        plan = analyze_schema(spec.schema(), lenient=not spec.strict, source=spec.source or None)
-        grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
+        plan = analyze_schema(
+            spec.schema(),
+            lenient=not spec.strict,
+            source=spec.source or None,
+            check_keys=spec.reasoning is None,
+        )
+        schema, distinct_keys = plan.schema, plan.distinct_keys
+        if spec.reasoning is None:
+            schema, distinct_keys = backend_layout(schema, distinct_keys)
+        grammar = llg.grammar_from_schema(schema, spec.json_format)
         unenforced, keyword = plan.unenforced, "schema"
     elif spec.kind is ConstraintKind.REGEX:
         grammar, keyword = llg.grammar_from_regex(translate_regex(spec.source)), "regex"
@@ -68,7 +78,7 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
         raise ConstraintError(f"unknown constraint kind {spec.kind}")
     if spec.reasoning is not None:
         grammar = after_reasoning(grammar, *spec.reasoning, _special_token(tok))
-    return _llguidance(grammar, spec, tok, keyword, unenforced, raised)
+    return _llguidance(grammar, spec, tok, keyword, unenforced, raised, distinct_keys)
 
 
 def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tuple, dict]:
@@ -81,7 +91,7 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
     raised: dict[str, int] = {}
 
     def analyse(schema):
-        plan = analyze_schema(schema, lenient=not spec.strict)
+        plan = analyze_schema(schema, lenient=not spec.strict, check_keys=False)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
         raised.update(probed_prototype(grammar, tok, "schema", raised).raised)
         return plan.schema, plan.unenforced
@@ -111,6 +121,7 @@ def _llguidance(
     keyword: str,
     unenforced: tuple = (),
     raised: dict[str, int] | None = None,
+    distinct_keys: bool = False,
 ) -> CompiledConstraint:
     prototype = probed_prototype(grammar, tok, keyword, raised)
     return CompiledConstraint(
@@ -122,6 +133,7 @@ def _llguidance(
         unenforced=tuple(unenforced),
         native=prototype,
         limits=MappingProxyType(dict(prototype.raised)),
+        distinct_keys=distinct_keys,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 
@@ -18,6 +19,15 @@ class Matcher(ABC):
     @abstractmethod
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
         """Write the allowed tokens into ``bitmask[row]``; False when every token is allowed."""
+
+    def native_cursor(self) -> Any | None:
+        """The llguidance cursor whose mask is this matcher's before ``refine_mask``, for a batch
+        fill of many rows in one native call (``engine.grammar_masks``); None when there is none
+        and ``fill_mask`` must be called."""
+        return None
+
+    def refine_mask(self, bitmask: torch.Tensor, row: int) -> None:  # noqa: B027 - optional
+        """Clear, in a row the native cursor filled, what this matcher forbids beyond it."""
 
     @abstractmethod
     def accept(self, token_id: int) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from corral.grammar.distinct_keys import dead_end_risk
 from corral.grammar.errors import ConstraintError, Unenforced
 from corral.grammar.input_checks import check_document, nesting_error
 from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
@@ -58,6 +59,9 @@ class SchemaPlan:
     unenforced: tuple[Unenforced, ...] = ()
     #: (backend regex, the Python pattern it was translated from), for `judged_schema`
     regex_sources: tuple[tuple[str, str], ...] = ()
+    #: outputs must not repeat a key within an object (`distinct_keys`): `minProperties` over
+    #: free-form keys counts on it
+    distinct_keys: bool = False
 
     def judged_schema(self) -> dict | bool:
         """`schema` with each regex back in Python's dialect, for `jsonschema` to judge.
@@ -74,11 +78,13 @@ def analyze_schema(
     lenient: bool = False,
     budget: int = 100_000,
     source: str | None = None,
+    check_keys: bool = True,
 ) -> SchemaPlan:
     """Rewrite `schema` into an equivalent one llguidance enforces exactly.
 
     `source`, when given, is `schema` as JSON text (a spec's source), read instead of
-    serialising the schema again. Raises ConstraintError when the schema is invalid, when
+    serialising the schema again. `check_keys`: the output is JSON from its first byte, so the
+    matcher may check that no object repeats a key (`distinct_keys`). Raises ConstraintError when the schema is invalid, when
     (strict mode) a keyword cannot be enforced exactly, or when the analysis uses up `budget`
     steps.
     """
@@ -86,14 +92,17 @@ def analyze_schema(
         raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
     check_document(schema)
     try:
-        return _Analyzer(schema, lenient, budget, source).run()
+        return _Analyzer(schema, lenient, budget, source, check_keys).run()
     except RecursionError:  # the rewrites nest deeper than the input: still the client's schema
         raise nesting_error("schema") from None
 
 
 class _Analyzer:
-    def __init__(self, root: dict | bool, lenient: bool, budget: int, source: str | None) -> None:
+    def __init__(
+        self, root: dict | bool, lenient: bool, budget: int, source: str | None, check_keys: bool
+    ) -> None:
         self.root = root
+        self.check_keys = check_keys
         self.lenient = lenient
         self.budget = budget
         self.unenforced: list[Unenforced] = []
@@ -108,6 +117,8 @@ class _Analyzer:
         self.negator = Negator(self.lookup, self.tick, self.patterns.complement)
         self.prover = DisjointProver(self.lookup, self.tick, self.patterns.exact_source)
         self.rewrites = KeywordRewrites(self)
+        #: (node, pointer) of each `minProperties` that needs keys not to repeat
+        self._counted: list[tuple[dict, str]] = []
 
     def run(self) -> SchemaPlan:
         out = self.node(self.root, "", self.refs.root_scope())
@@ -117,7 +128,10 @@ class _Analyzer:
                 if isinstance(out, dict)
                 else {"$defs": self.defs, "allOf": [out]}
             )
-        return SchemaPlan(out, tuple(self.unenforced), tuple(self.patterns.python_source.items()))
+        distinct = bool(self._counted) and self._distinct_keys(out)
+        return SchemaPlan(
+            out, tuple(self.unenforced), tuple(self.patterns.python_source.items()), distinct
+        )
 
     # -- services used by the rewrites -------------------------------------------------------
     def tick(self, cost: int = 1) -> None:
@@ -215,20 +229,31 @@ class _Analyzer:
     def _guard_min_properties(self, out: dict, pointer: str) -> None:
         """The backend counts a repeated free-form key (additional or pattern properties) towards
         minProperties, but a JSON parser keeps one of the two, so the count can come up short.
-        Exact only when the required keys alone reach the bound or every key is declared."""
+        Exact as it stands when the required keys alone reach the bound or every key is
+        declared; otherwise only when outputs never repeat a key (`_distinct_keys`)."""
         bound = out.get("minProperties")
         if not isinstance(bound, int) or bound <= len(set(out.get("required", ()))):
             return
         if out.get("additionalProperties") is False and not out.get("patternProperties"):
             return
-        self.refuse(
-            f"{pointer}/minProperties",
-            "minProperties",
-            "'minProperties' beyond the required keys cannot be enforced exactly on objects with "
-            "free-form keys (a repeated key would count twice); list the keys in 'properties' "
-            "with 'additionalProperties': false, or require them",
-        )
-        out.pop("minProperties")
+        self._counted.append((out, pointer))
+
+    def _distinct_keys(self, schema: dict | bool) -> bool:
+        """Whether the matcher may refuse repeated keys in `schema` without a dead end; if not,
+        every `minProperties` that needed it is refused (lenient: dropped)."""
+        risk = dead_end_risk(schema) if self.check_keys else "the output is not JSON alone"
+        if risk is None:
+            return True
+        for node, pointer in self._counted:
+            self.refuse(
+                f"{pointer}/minProperties",
+                "minProperties",
+                "'minProperties' beyond the required keys cannot be enforced exactly on objects "
+                f"with free-form keys here ({risk}, so repeated keys cannot be ruled out); list "
+                "the keys in 'properties' with 'additionalProperties': false, or require them",
+            )
+            node.pop("minProperties", None)
+        return False
 
     def _oversized(self, out: dict, conjuncts: list, origin: list[str], pointer: str) -> bool:
         """Refuse the conjunct that makes `out` expand past the backend's limit; in lenient

@@ -36,9 +36,11 @@ class SamplingTensors:
     ``top_k <= 0``, ``top_p >= 1`` and ``min_p <= 0`` switch the filter off. ``(seed, offset)``
     alone fixes a row's random draw, so a row's token does not depend on the rest of the batch.
 
-    The three ``uses_*``/``all_greedy`` hints are host-side facts that let :func:`sample` skip
-    whole passes without reading the tensors back (a host sync). Their defaults are the safe
-    choice: "maybe". :meth:`build` sets them exactly.
+    The ``uses_*``/``all_greedy``/``logprobs`` hints are host-side facts that let :func:`sample`
+    skip whole passes without reading the tensors back (a host sync). Their defaults are the safe
+    choice: "maybe". :meth:`build` sets the filter hints exactly; ``logprobs=False`` (nobody reads
+    the chosen tokens' logprobs) lets the CPU path skip the log-sum-exp pass over the vocabulary,
+    and the logprobs it returns are then NaN.
     """
 
     temperature: torch.Tensor  # float32[B]
@@ -50,6 +52,7 @@ class SamplingTensors:
     uses_top_k_or_top_p: bool = True
     uses_min_p: bool = True
     all_greedy: bool = False
+    logprobs: bool = True
 
     def __post_init__(self) -> None:
         b = self.temperature.shape
@@ -77,6 +80,7 @@ class SamplingTensors:
         seed: Sequence[int] | None = None,
         offset: Sequence[int] | None = None,
         device: torch.device | str = "cpu",
+        logprobs: bool = True,
     ) -> SamplingTensors:
         """Validate host-side values and copy them to ``device`` (omitted filters are off)."""
         n = len(temperature)
@@ -105,4 +109,5 @@ class SamplingTensors:
             ),
             uses_min_p=any(s and p > 0.0 for s, p in zip(sampled, min_p, strict=True)),
             all_greedy=not any(sampled),
+            logprobs=logprobs,
         )

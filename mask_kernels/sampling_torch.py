@@ -15,6 +15,8 @@ the masked logits (first index on ties) and ignore the filters.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .params import SampleResult, SamplingTensors
@@ -80,11 +82,17 @@ def log_normaliser(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def finish(
-    best_score: torch.Tensor, best_index: torch.Tensor, logits: torch.Tensor, lse: torch.Tensor
+    best_score: torch.Tensor,
+    best_index: torch.Tensor,
+    logits: torch.Tensor,
+    lse: torch.Tensor | None,
 ) -> SampleResult:
-    """Turn the winning (score, index) per row into tokens (-1: nothing allowed) and logprobs."""
+    """Turn the winning (score, index) per row into tokens (-1: nothing allowed) and logprobs
+    (NaN when ``lse`` is None: nobody asked for them)."""
     empty = best_score == NEG_INF
     tokens = torch.where(empty, torch.full_like(best_index, -1), best_index)
+    if lse is None:
+        return SampleResult(tokens, torch.full(tokens.shape, math.nan, device=tokens.device))
     chosen = logits.gather(1, tokens.clamp(min=0).unsqueeze(1)).squeeze(1).float()
     logprobs = torch.where(empty, torch.full_like(chosen, NEG_INF), chosen - lse)
     return SampleResult(tokens, logprobs)
@@ -93,7 +101,7 @@ def finish(
 def sample_torch(x: torch.Tensor, params: SamplingTensors) -> SampleResult:
     """Sample from already-masked logits ``x`` [B, V] (any float dtype) with torch ops."""
     xf = x.float()
-    row_max, lse = log_normaliser(xf)
+    row_max, lse = log_normaliser(xf) if params.logprobs else (None, None)
     thr = row_threshold(x, row_max, params)
     greedy, inv_t = greedy_and_inverse_temperature(params)
     if params.all_greedy:

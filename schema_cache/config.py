@@ -36,6 +36,8 @@ class CacheConfig:
     same Redis (see ``redis_store``): each of its commands gives up after ``redis_timeout_s``, a
     failure leaves Redis alone for ``redis_retry_s``, and a replica compiling an entry holds its
     lock for ``redis_lock_ttl_s`` past its last renewal (so a dead compiler blocks nobody longer).
+    With ``redis_prefetch`` (the default), entries the other replicas compile are loaded into
+    memory in the background as they announce them (``prefetch``); without it, on first request.
     """
 
     root: Path = field(default_factory=constraints_root)
@@ -56,6 +58,7 @@ class CacheConfig:
     redis_timeout_s: float = 0.25
     redis_retry_s: float = 5.0
     redis_lock_ttl_s: float = 5.0
+    redis_prefetch: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).expanduser())

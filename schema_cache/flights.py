@@ -11,6 +11,7 @@ cached as usual.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -18,6 +19,11 @@ from concurrent.futures import Future
 
 class CompileCancelled(Exception):
     """The compile was stopped because nobody waits for it any more (never cached)."""
+
+
+class FlightMissed(Exception):
+    """The flight ended without an answer (a prefetch found no entry it could load): whoever
+    waited for it looks again, and leads a flight of its own."""
 
 
 class Flight:
@@ -87,3 +93,28 @@ class Flights:
 
     def busy(self) -> bool:
         return bool(self._by_key)
+
+
+def bridge(source: Future) -> asyncio.Future:
+    """An asyncio future that follows ``source`` but whose cancellation does not cancel it
+    (``asyncio.wrap_future`` would cancel the shared flight for every waiter)."""
+    loop = asyncio.get_running_loop()
+    target = loop.create_future()
+
+    def copy(done: Future) -> None:
+        if target.done():
+            return
+        error = done.exception()
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(done.result())
+
+    def hand_over(done: Future) -> None:
+        try:
+            loop.call_soon_threadsafe(copy, done)
+        except RuntimeError:
+            pass  # the caller's loop is closed: nobody is left to tell
+
+    source.add_done_callback(hand_over)
+    return target

@@ -53,6 +53,11 @@ class MemoryLRU:
                 self._bytes -= freed
                 self._stats.inc("evictions_memory")
 
+    def __contains__(self, key: str) -> bool:
+        """Whether ``key`` is held (its place in the LRU order unchanged)."""
+        with self._lock:
+            return key in self._items
+
     @property
     def bytes(self) -> int:
         """The estimated bytes of the entries held."""

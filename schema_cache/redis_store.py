@@ -15,6 +15,11 @@ its compile runs the holder renews its lock, so a lock outlives a dead holder by
 at most, and a holder stuck longer than ``max_hold_s`` stops renewing (a hung compiler cannot
 block the fleet either).
 
+Announcements. Publishing an entry also announces it, in the same step, on the channel
+``corral:cc:announce`` (``ANNOUNCE``): the message is ``<key> <spec digest> <sender>``, so
+that other replicas can load it before anyone asks them for it (``prefetch``). :meth:`listen`
+hands them the announcements of every replica but their own.
+
 Redis bounds its own size (``maxmemory`` with ``allkeys-lru``): entries carry no expiry.
 
 Redis down or slow never fails or stalls a request for long: every command gives up after
@@ -44,6 +49,8 @@ from corral.schema_cache.stats import CacheStats
 log = logging.getLogger(__name__)
 
 PREFIX = "corral:cc:"
+ANNOUNCE = PREFIX + "announce"  # the channel on which new entries are announced
+_LISTEN_POLL_S = 0.5  # how often a listener looks up from the channel (to see it should stop)
 _FIRST_POLL_S = 0.005  # a waiter polls this soon first (most compiles take milliseconds) ...
 _MAX_POLL_S = 0.1  # ... then backs off to this
 
@@ -60,11 +67,13 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-# KEYS: entry, lock; ARGV: token ('' for none), entry bytes. The lock goes first: a SET that
-# Redis refuses (full, with no eviction) must not leave waiters waiting for it.
+# KEYS: entry, lock; ARGV: token ('' for none), entry bytes, channel, announcement. The lock
+# goes first: a SET that Redis refuses (full, with no eviction) must not leave waiters waiting
+# for it; the announcement last, once the entry is there to fetch.
 _PUBLISH = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 redis.call('SET', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
 # KEYS: lock; ARGV: token.
@@ -112,6 +121,7 @@ class RedisStore:
         from redis.retry import Retry
 
         self.where = _without_password(url)
+        self.sender = uuid.uuid4().hex  # names this store's announcements
         self._stats = stats
         self._retry_s = retry_s
         self._ttl_ms = max(1, int(lock_ttl_s * 1000))
@@ -168,15 +178,47 @@ class RedisStore:
             time.sleep(pause)
             pause = min(pause * 2, _MAX_POLL_S)
 
-    def publish(self, key: str, data: bytes, lease: Lease | None) -> None:
-        """Store the entry and, in the same step, release ``lease`` (when it is still ours)."""
+    def publish(self, key: str, data: bytes, lease: Lease | None, spec_digest: str) -> None:
+        """Store the entry and, in the same step, release ``lease`` (when it is still ours) and
+        announce the entry (compiled for ``spec_digest``) to the other replicas."""
         if lease is not None:
             self._forget(lease)
         token = lease.token if lease is not None else ""
         keys = [PREFIX + key, PREFIX + key + ":lock"]
-        done = self._run(self._publish, keys=keys, args=[token, data])
+        note = f"{key} {spec_digest} {self.sender}"
+        done = self._run(self._publish, keys=keys, args=[token, data, ANNOUNCE, note])
         if done is not None:
             self._stats.inc("redis_writes")
+
+    def get(self, key: str) -> bytes | None:
+        """The entry's bytes, or None (no such entry, or Redis down)."""
+        return self._run(self._client.get, PREFIX + key)
+
+    def listen(self, handle: Callable[[str, str], None], stopped: threading.Event) -> None:
+        """Call ``handle(key, spec_digest)`` for each entry another replica announces, until
+        ``stopped`` is set; returns early, at once while the circuit is open, or once Redis is
+        lost (the circuit opens): call again once :meth:`down` is None."""
+        if self._down is not None:
+            return
+        channel = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            channel.subscribe(ANNOUNCE)
+            while not stopped.is_set():
+                message = channel.get_message(timeout=_LISTEN_POLL_S)
+                if message is None or message["type"] != "message":
+                    continue
+                note = message["data"].decode(errors="replace").split(" ")
+                if len(note) == 3 and note[2] != self.sender:  # not ours, nor from another era
+                    handle(note[0], note[1])
+        except self._unreachable as e:
+            if self._down is None:  # the first to find Redis gone counts it
+                self._stats.inc("redis_errors")
+            self._trip(e)
+        except self._failed as e:  # Redis refused to subscribe us (an ACL, ...)
+            self._stats.inc("redis_errors")
+            log.warning("Redis shared cache at %s: no announcements: %s", self.where, e)
+        finally:
+            channel.close()
 
     def release(self, lease: Lease) -> None:
         """Give the lock up without an entry (the compile failed): the next claim compiles."""

@@ -27,6 +27,9 @@
   deadline (then ``compile_timeout``). An entry found in Redis is checked like a disk entry and
   written to disk behind; one compiled here goes to Redis at once and to disk behind. Redis
   unreachable: served from memory, disk and local compiles, reported by :meth:`degraded`.
+* With ``config.redis_prefetch`` too, entries other replicas compile and announce are loaded
+  into memory in the background (``prefetch``), leading their flight like a miss: a request
+  that arrives meanwhile joins it; one that joined a load that found nothing looks again.
 """
 
 from __future__ import annotations
@@ -36,8 +39,6 @@ import atexit
 import hashlib
 import time
 import weakref
-from collections.abc import Callable
-from concurrent.futures import Future
 from typing import NamedTuple
 
 from corral.grammar import (
@@ -53,11 +54,12 @@ from corral.grammar.version import ANALYSIS_VERSION
 from corral.schema_cache.compiling import Compiler
 from corral.schema_cache.config import CacheConfig
 from corral.schema_cache.disk import STORE_VERSION, DiskStore
-from corral.schema_cache.flights import CompileCancelled, Flight, Flights
+from corral.schema_cache.flights import CompileCancelled, Flight, FlightMissed, Flights, bridge
 from corral.schema_cache.memory import MemoryLRU, RefusalCache, copy_refusal
+from corral.schema_cache.prefetch import Prefetcher
 from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
 from corral.schema_cache.stats import CacheStats
-from corral.schema_cache.threads import DaemonThreads, SerialQueue
+from corral.schema_cache.threads import DaemonThreads, SerialQueue, weak_gate
 
 
 def entry_key(
@@ -72,10 +74,12 @@ def entry_key(
 
 class Lookup(NamedTuple):
     """A compiled constraint and where it came from: memory, disk, redis, compiled or shared
-    (another caller in this process compiled it meanwhile)."""
+    (another caller in this process compiled it meanwhile); ``compile_s``: the compile's own
+    seconds when this call compiled it (``source == "compiled"``), else 0."""
 
     compiled: CompiledConstraint
     source: str
+    compile_s: float = 0.0
 
 
 class CompileService:
@@ -100,13 +104,18 @@ class CompileService:
         # meanwhile: build it now, so that it never eats into the first compile's deadline.
         _ = tok.llguidance
         self._threads = DaemonThreads("corral-compile")
-        self._writes = SerialQueue("corral-cache-write", gate=_weak_gate(self._write_wait))
+        self._writes = SerialQueue("corral-cache-write", gate=weak_gate(self._write_wait))
         atexit.register(_flush_at_exit, weakref.ref(self))
         self._flights = Flights()
         self._last_miss_done = 0.0  # time.monotonic() when the last miss was answered
         self._refusals = RefusalCache(self.config.failure_ttl_s, self.config.max_memory_entries)
         self._compiler = Compiler(tok, self.config, self._stats)
         self._publishes = SerialQueue("corral-cache-publish")  # not gated: replicas wait for it
+        self._prefetcher = (
+            Prefetcher(self.shared, self._prefetch, self._stats, self.config.redis_retry_s)
+            if self.shared is not None and self.config.redis_prefetch
+            else None
+        )
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -120,10 +129,14 @@ class CompileService:
 
         Cancelling the call (the client left) abandons the compile if no one else waits for it.
         """
+        return (await self.alookup(spec)).compiled
+
+    async def alookup(self, spec: ConstraintSpec) -> Lookup:
+        """:meth:`aget_or_compile`, also saying where the result came from (as :meth:`lookup`)."""
         key = entry_key(spec.digest, self._fingerprint)
         found = self._cached(key)
         if found is not None:
-            return found.compiled
+            return found
         flight, leader = self._flights.join(key)
         abandon = False
         try:
@@ -133,11 +146,13 @@ class CompileService:
                 self._stats.inc("singleflight_joins")
             try:
                 found = await asyncio.wait_for(
-                    _bridge(flight.future), timeout=self._compiler.waiter_timeout(spec)
+                    bridge(flight.future), timeout=self._compiler.waiter_timeout(spec)
                 )
             except TimeoutError:
                 raise self._compiler.deadline_error(spec) from None
-            return found.compiled
+            except FlightMissed:
+                return await self.alookup(spec)
+            return found if leader else Lookup(found.compiled, "shared")
         except asyncio.CancelledError:
             abandon = True
             raise
@@ -164,6 +179,8 @@ class CompileService:
                 found = flight.future.result(timeout=self._compiler.waiter_timeout(spec))
             except TimeoutError:
                 raise self._compiler.deadline_error(spec) from None
+            except FlightMissed:
+                return self.lookup(spec)
             return found if leader else Lookup(found.compiled, "shared")
         except (ConstraintError, CompileUnavailable) as e:
             raise _fresh(e) from None
@@ -198,6 +215,8 @@ class CompileService:
 
         In-process compiles still running are left to finish.
         """
+        if self._prefetcher is not None:
+            self._prefetcher.close()
         self.flush()
         self._compiler.close()
         if self.shared is not None:
@@ -240,7 +259,7 @@ class CompileService:
             return Lookup(hit, "memory")
         path = self.disk.path_for(key, self._fingerprint)
         data = self.disk.read(path) if self.disk.enabled else None
-        compiled = self._checked(spec, data)
+        compiled = self._checked(spec.digest, data)
         if compiled is not None:
             self._stats.inc("hits_disk")
             self.memory.put(key, compiled)
@@ -249,16 +268,16 @@ class CompileService:
             self.disk.discard(path)
         if self.shared is not None:
             return self._via_redis(spec, key, path, flight)
-        compiled = self._compile_counted(spec, key, flight)
+        compiled, seconds = self._compile_counted(spec, key, flight)
         self._keep(key, path, compiled)
-        return Lookup(compiled, "compiled")
+        return Lookup(compiled, "compiled", seconds)
 
-    def _checked(self, spec: ConstraintSpec, data: bytes | None) -> CompiledConstraint | None:
+    def _checked(self, spec_digest: str, data: bytes | None) -> CompiledConstraint | None:
         """The entry ``data`` loaded, or None when there is none or it does not load (counted)."""
         if data is None:
             return None
         try:
-            return CompiledConstraint.from_bytes(data, self.tok, spec_digest=spec.digest)
+            return CompiledConstraint.from_bytes(data, self.tok, spec_digest=spec_digest)
         except CorruptEntry as e:
             self._stats.inc("stale_entries" if isinstance(e, StaleEntry) else "corrupt_entries")
             return None
@@ -266,11 +285,11 @@ class CompileService:
     def _via_redis(self, spec: ConstraintSpec, key: str, path: str, flight: Flight) -> Lookup:
         """Redis's entry (maybe once another replica compiled it), or compiled here and shared."""
         claim = self._claim(spec, key, flight)
-        compiled = self._checked(spec, claim.data)
+        compiled = self._checked(spec.digest, claim.data)
         if compiled is None and claim.data is not None:  # corrupt or foreign: replace it
             self.shared.discard(key)
             claim = self._claim(spec, key, flight)
-            compiled = self._checked(spec, claim.data)
+            compiled = self._checked(spec.digest, claim.data)
         if compiled is not None:
             self._stats.inc("hits_redis")
             self.memory.put(key, compiled)
@@ -278,13 +297,13 @@ class CompileService:
                 self._writes.submit(self.disk.write, path, claim.data)
             return Lookup(compiled, "redis")
         try:
-            compiled = self._compile_counted(spec, key, flight)
+            compiled, seconds = self._compile_counted(spec, key, flight)
         except BaseException:
             if claim.lease is not None:
                 self.shared.release(claim.lease)  # the next replica to ask compiles it
             raise
         self._keep(key, path, compiled, claim.lease)
-        return Lookup(compiled, "compiled")
+        return Lookup(compiled, "compiled", seconds)
 
     def _claim(self, spec: ConstraintSpec, key: str, flight: Flight) -> Claim:
         try:
@@ -306,9 +325,42 @@ class CompileService:
     ) -> None:
         """To Redis now (other replicas may be waiting for it), then to disk behind."""
         data = compiled.to_bytes()
-        self.shared.publish(key, data, lease)
+        self.shared.publish(key, data, lease, compiled.spec_digest)
         if self.disk.enabled:
             self._writes.submit(self.disk.write, path, data)
+
+    def _prefetch(self, key: str, spec_digest: str) -> None:
+        """Load an entry another replica announced into memory, as the leader of its flight."""
+        if key != entry_key(spec_digest, self._fingerprint):
+            self._stats.inc("prefetch_foreign")  # another tokenizer, format or grammar code
+            return
+        if key in self.memory:
+            self._stats.inc("prefetch_skipped")
+            return
+        flight, leader = self._flights.join(key)
+        if not leader:  # a request is fetching or compiling it now
+            self._flights.leave(flight)
+            self._stats.inc("prefetch_skipped")
+            return
+        compiled = None
+        try:
+            data = self.shared.get(key)
+            compiled = self._checked(spec_digest, data)
+            if compiled is not None:
+                self.memory.put(key, compiled)
+        finally:  # whatever happened, the waiters get an answer
+            self._flights.finish(key, flight)  # first: a waiter that looks again leads
+            if compiled is None:  # gone from Redis meanwhile, Redis down, or does not load
+                flight.future.set_exception(FlightMissed(key))
+            else:
+                flight.future.set_result(Lookup(compiled, "prefetched"))
+            self._flights.leave(flight)
+        if compiled is None:
+            self._stats.inc("prefetch_skipped")
+            return
+        self._stats.inc("prefetched")
+        if self.disk.enabled:  # behind, as for a Redis hit
+            self._writes.submit(self.disk.write, self.disk.path_for(key, self._fingerprint), data)
 
     def _write_wait(self, submitted: float) -> float:
         """Seconds a disk write submitted at ``submitted`` should still wait.
@@ -330,7 +382,7 @@ class CompileService:
 
     def _compile_counted(
         self, spec: ConstraintSpec, key: str, flight: Flight
-    ) -> CompiledConstraint:
+    ) -> tuple[CompiledConstraint, float]:
         t0 = time.perf_counter()
         try:
             compiled, seconds = self._compiler.compile(spec, flight)
@@ -346,32 +398,7 @@ class CompileService:
             raise
         self._stats.inc("compiles")
         self._stats.observe_compile(seconds)
-        return compiled
-
-
-def _bridge(source: Future) -> asyncio.Future:
-    """An asyncio future that follows ``source`` but whose cancellation does not cancel it
-    (``asyncio.wrap_future`` would cancel the shared flight for every waiter)."""
-    loop = asyncio.get_running_loop()
-    target = loop.create_future()
-
-    def copy(done: Future) -> None:
-        if target.done():
-            return
-        error = done.exception()
-        if error is not None:
-            target.set_exception(error)
-        else:
-            target.set_result(done.result())
-
-    def hand_over(done: Future) -> None:
-        try:
-            loop.call_soon_threadsafe(copy, done)
-        except RuntimeError:
-            pass  # the caller's loop is closed: nobody is left to tell
-
-    source.add_done_callback(hand_over)
-    return target
+        return compiled, seconds
 
 
 def _fresh(e: ConstraintError | CompileUnavailable) -> Exception:
@@ -380,17 +407,6 @@ def _fresh(e: ConstraintError | CompileUnavailable) -> Exception:
     if isinstance(e, ConstraintError):
         return copy_refusal(e)
     return CompileUnavailable(e.reason, e.code, e.retry_after_s)
-
-
-def _weak_gate(method: Callable[[float], float]) -> Callable[[float], float]:
-    """The writer's gate without a strong reference: its thread outlives the service."""
-    ref = weakref.WeakMethod(method)
-
-    def gate(submitted: float) -> float:
-        live = ref()
-        return live(submitted) if live is not None else 0.0
-
-    return gate
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

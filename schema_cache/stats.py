@@ -25,6 +25,10 @@ COUNTERS = (
     "redis_lock_waits",  # misses that waited for another replica compiling the same entry
     "redis_writes",  # entries published to Redis
     "redis_errors",  # Redis commands that failed or timed out (each one served locally)
+    "prefetched",  # entries other replicas announced, loaded into memory before a request asked
+    "prefetch_skipped",  # announced entries not loaded: held or in flight already, backlog
+    # full, or gone from Redis (each is loaded on first request instead)
+    "prefetch_foreign",  # announced entries of another tokenizer or Corral version: ignored
     "disk_writes",
     "disk_write_skipped",  # entries larger than the whole disk budget, kept in memory only
     "disk_write_errors",  # a failed write (disk full, permissions): the entry stays in memory

@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -134,3 +135,15 @@ class SerialQueue:
                 with self._cond:
                     self._pending -= 1
                     self._cond.notify_all()
+
+
+def weak_gate(method: Callable[[float], float]) -> Callable[[float], float]:
+    """``method`` as a :class:`SerialQueue` gate that holds no strong reference to its object
+    (the queue's thread outlives it); 0 (run now) once the object is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def gate(submitted: float) -> float:
+        live = ref()
+        return live(submitted) if live is not None else 0.0
+
+    return gate

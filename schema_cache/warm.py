@@ -1,26 +1,25 @@
-"""Warming the cache ahead of traffic: schema files in, compiled entries on disk.
+"""Warming the cache ahead of traffic: schema files in, compiled entries in the cache.
 
 ``corral cache warm PATH…`` reads plain JSON schemas, MaskBench files (``{"schema": …,
 "tests": …}``) and JSON-Schema-Test-Suite files (a list of ``{"schema": …}`` groups).
 
-Copies: each file is parsed once and its schemas handed to `ConstraintSpec.json_schema`, which
-serialises them; compiles run on fresh parses of that text.
+How one schema is compiled is the caller's business (``corral/warming.py``): a warmed entry is
+only ever hit if it was compiled the way a request compiles it — the served model's tokenizer,
+the server's object closing and reasoning wrapper — so the caller sends each schema through the
+API's own constraint path, in a running server or in its own process. This package knows no
+models and no requests; it counts what the compiles did.
 
-Which tokenizer to warm for is the caller's business (``corral/cli_cache.py``: the served model's):
-entries are per tokenizer fingerprint, and this package knows no models.
+Copies: each file is parsed once; the schemas go to the caller's ``compile_one`` as parsed.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from corral.grammar import ConstraintError, ConstraintSpec
-from corral.schema_cache.service import CompileService
 
 
 def schema_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -62,37 +61,39 @@ class WarmReport:
         return self.compiled + self.cached + sum(self.refused.values()) + sum(self.errors.values())
 
 
-def load_specs(
-    files: Iterable[Path], report: WarmReport, *, strict: bool = True
-) -> list[ConstraintSpec]:
-    specs = []
+class Refused(Exception):
+    """A schema the constraint path refuses (the 400 a request with it gets): its message."""
+
+
+#: Compiles one schema into the cache; returns where its entry came from ("compiled" when it
+#: was compiled now) or raises :class:`Refused`.
+CompileOne = Callable[[dict | bool], str]
+
+
+def load_schemas(files: Iterable[Path], report: WarmReport) -> list[dict | bool]:
+    """Every schema in ``files``; a file that is not JSON is noted in ``report``."""
+    schemas: list[dict | bool] = []
     for path in files:
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            report.unreadable.append(f"{path}: {e}")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            report.unreadable.append(f"{path}: {type(e).__name__}: {_first_line(str(e))}")
             continue
-        for schema in schemas_in(document):
-            try:
-                specs.append(ConstraintSpec.json_schema(schema, strict=strict))
-            except ConstraintError as e:
-                report.refused[e.reason] += 1
-    return specs
+        schemas.extend(schemas_in(document))
+    return schemas
 
 
-def warm(
-    service: CompileService, specs: Iterable[ConstraintSpec], report: WarmReport
-) -> WarmReport:
-    """Compile each spec into the cache, counting what was compiled, cached or refused."""
-    for spec in specs:
+def warm(compile_one: CompileOne, schemas: Iterable[dict | bool], report: WarmReport) -> WarmReport:
+    """Compile each schema into the cache, counting what was compiled, cached or refused."""
+    for schema in schemas:
         try:
-            found = service.lookup(spec)
-        except ConstraintError as e:
-            report.refused[_first_line(e.reason)] += 1
-        except Exception as e:  # a server bug: counted and shown, the run goes on
+            source = compile_one(schema)
+        except Refused as e:
+            report.refused[_first_line(str(e))] += 1
+        except Exception as e:  # a bug or a server error: counted and shown, the run goes on
             report.errors[f"{type(e).__name__}: {_first_line(str(e))}"] += 1
         else:
-            if found.source == "compiled":
+            if source == "compiled":
                 report.compiled += 1
             else:
                 report.cached += 1

@@ -1,7 +1,8 @@
 """`corral serve --cache-url` against a real redis-server: compiled constraints reach Redis;
 with Redis stopped mid-run requests are still served, `/health` answers 200 "degraded" and
 `/metrics` says so, and both are back to normal once Redis is (the service's tests check that
-it is used again)."""
+it is used again); a schema one server compiled is in a second server's memory before it is
+asked for it (prefetch), counted in `/metrics`."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from failure_helpers import wait_for
 from redis_server import RedisServer
 
 from corral.api.config import ServerConfig
-from corral.schema_cache.redis_store import PREFIX
+from corral.schema_cache.redis_store import ANNOUNCE, PREFIX
 
 
 def test_the_cache_url_must_name_a_redis() -> None:
@@ -29,11 +30,14 @@ def test_the_cache_url_must_name_a_redis() -> None:
 def fleet_of_one(model_folder, tmp_path_factory):
     """A Redis and one `corral serve` that shares its compiled constraints there."""
     redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    args = ("--cache-url", redis.url, "--max-concurrent", "2", "--memory", "256MB")
-    server = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), args)
+    server = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), args_for(redis))
     yield server, redis
     stop_server(server)
     redis.stop()
+
+
+def args_for(redis: RedisServer) -> tuple[str, ...]:
+    return ("--cache-url", redis.url, "--max-concurrent", "2", "--memory", "256MB")
 
 
 def schema(key: str) -> dict:
@@ -93,3 +97,28 @@ def test_redis_stopped_mid_run_requests_are_served_and_health_says_degraded(flee
     redis.start()  # back, empty; the server finds it within its retry interval (5 s)
     assert wait_for(lambda: httpx.get(server.url + "/health").json()["status"] == "ok", 20)
     assert redis_state(server) == "ok"
+
+
+def metric(server, line_start: str) -> float:
+    metrics = httpx.get(server.url + "/metrics", timeout=10).text
+    [value] = [line.split(" ")[-1] for line in metrics.splitlines() if line.startswith(line_start)]
+    return float(value)
+
+
+def test_a_schema_one_server_compiled_is_in_the_others_memory_before_it_is_asked(
+    fleet_of_one, model_folder, tmp_path_factory
+):
+    server, redis = fleet_of_one
+    other = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), args_for(redis))
+    try:
+        with redis.client() as client:  # both listen (the first one again, after an outage)
+            assert wait_for(lambda: client.pubsub_numsub(ANNOUNCE)[0][1] == 2, 20)
+        served(server, "prefetched")
+        prefetched = "corral_constraint_cache_prefetched_total "
+        assert wait_for(lambda: metric(other, prefetched) == 1, 30)
+        served(other, "prefetched")
+        assert metric(other, 'corral_constraint_compiles_total{source="compiled"}') == 0
+        assert metric(other, 'corral_constraint_compiles_total{source="redis"}') == 0
+        assert metric(other, 'corral_constraint_compiles_total{source="memory"}') == 1
+    finally:
+        stop_server(other)

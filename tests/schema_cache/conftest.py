@@ -1,8 +1,9 @@
-"""schema_cache fixtures: a compile service on a fresh cache folder per test."""
+"""schema_cache fixtures: a compile service on a fresh cache folder per test; a real Redis."""
 
 from __future__ import annotations
 
 import pytest
+from redis_server import RedisServer
 
 from corral.schema_cache import CacheConfig, CompileService
 
@@ -27,3 +28,20 @@ def make_service(llama3_tokenizer, cache_root):
     yield make
     for service in made:
         service.close()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis(redis_server):
+    """A client of this module's redis-server, running and empty at the start of each test."""
+    if redis_server.proc is None:
+        redis_server.start()
+    with redis_server.client() as client:
+        client.flushall()
+        yield client

@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-from redis_server import RedisServer
 from schema_cache_child import specs
 from schema_cache_helpers import (
     accepts,
@@ -29,23 +27,6 @@ from corral.schema_cache import entry_key
 from corral.schema_cache.redis_store import PREFIX
 
 STALL_S = 2.0  # no lookup takes longer than this while Redis is down or hung
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def redis(redis_server):
-    """A client of this module's redis-server, running and empty at the start of each test."""
-    if redis_server.proc is None:
-        redis_server.start()
-    with redis_server.client() as client:
-        client.flushall()
-        yield client
 
 
 def redis_key(service, spec: ConstraintSpec) -> str:
@@ -70,7 +51,8 @@ def test_two_processes_sharing_redis_compile_each_constraint_once(
     assert theirs["all_accepted"]
     n = len(specs())
     assert mine["compiles"] + theirs["compiles"] == n  # each constraint once in the fleet
-    assert mine["hits_redis"] + theirs["hits_redis"] == n  # and fetched by the other replica
+    for stats in (mine, theirs):  # the others' entries reached each: on request or prefetched
+        assert stats["compiles"] + stats["hits_redis"] + stats["prefetched"] == n
     for stats in (mine, theirs):
         assert (stats["hits_disk"], stats["corrupt_entries"], stats["redis_errors"]) == (0, 0, 0)
         assert stats["redis_state"] == "ok"

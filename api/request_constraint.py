@@ -1,0 +1,126 @@
+"""A request's constraint: the one path from a chat or completions request to a ``Constraint``.
+
+Generation (``serving_chat``, ``serving_completion``), the dry run and precompile endpoints
+(``serving_constraints``) and ``corral cache warm`` all build their constraint here, with the
+server's settings (``open_objects``, ``reasoning_format``) and its tool-call format, so a
+constraint validated or warmed ahead of traffic is the one a request compiles: same spec, same
+digest, the same cache entry.
+
+Both functions check the request limits and analyse schemas (O(size of the request)): call them
+off the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from corral.api.errors import ApiError, bad_request
+from corral.api.limits import check_limits
+from corral.api.reasoning import REASONING_FORMATS, ReasoningFormat
+from corral.api.receipts import Constraint, Rewrite
+from corral.api.response_formats import (
+    FormatSpec,
+    constraint_error,
+    format_spec,
+    unenforced_report,
+    wants_closed_objects,
+)
+from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
+from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
+
+if TYPE_CHECKING:
+    from corral.api.config import ServerConfig
+    from corral.api.protocol import ChatCompletionRequest, CompletionRequest
+    from corral.api.tool_formats import ToolFormat
+
+
+def reasoning_format(config: ServerConfig) -> ReasoningFormat | None:
+    """The served model's reasoning format (``--reasoning-format``), if any."""
+    return REASONING_FORMATS.get(config.reasoning_format or "")
+
+
+def chat_constraint(
+    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat
+) -> tuple[ToolPlan, Constraint | None]:
+    """The tool plan of a chat request and the constraint of its output (None: free text).
+
+    The tools' structural tag or the response format, within the request limits, after the
+    think block of a reasoning model (never dropped for it). Raises the request's 400."""
+    check_limits(req, config)
+    closed = wants_closed_objects(req.open_objects, config.open_objects)
+    plan = plan_tools(req, closed, tool_format)
+    fmt = format_spec(req.response_format, closed)
+    if plan.mode == "auto" and fmt is not None:
+        raise bad_request(
+            "response_format other than text cannot be combined with tool_choice 'auto'; "
+            "use tool_choice 'required' or 'none'",
+            param="response_format",
+        )
+    if plan.spec is not None:
+        constraint = _tools_constraint(plan, plan.spec, req)
+    elif fmt is not None:
+        constraint = _format_constraint(fmt)
+    else:
+        return plan, None
+    return plan, _after_reasoning(constraint, reasoning_format(config))
+
+
+def required_constraint(
+    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat
+) -> Constraint:
+    """:func:`chat_constraint` of a body sent to be compiled (the constraint endpoints, cache
+    warming): a 400 when it does not constrain the output."""
+    _, constraint = chat_constraint(req, config, tool_format)
+    if constraint is None:
+        raise bad_request(
+            "the request has no constraint: send a response_format other than text, "
+            "one of its dialects, or tools with a tool_choice other than 'none'",
+            param="response_format",
+        )
+    return constraint
+
+
+def completion_constraint(req: CompletionRequest, config: ServerConfig) -> Constraint | None:
+    """The constraint of a completions request (None: free text); raises the request's 400.
+    A raw prompt has no think block: the constraint applies from the first token."""
+    check_limits(req, config)
+    closed = wants_closed_objects(req.open_objects, config.open_objects)
+    fmt = format_spec(req.response_format, closed)
+    return _format_constraint(fmt) if fmt is not None else None
+
+
+def _format_constraint(fmt: FormatSpec) -> Constraint:
+    def refused(e: ConstraintError) -> ApiError:
+        return constraint_error(e, fmt.param)
+
+    def report(compiled: CompiledConstraint):
+        return unenforced_report(compiled, fmt.param)
+
+    closed = (Rewrite(rewrite="close_objects", param=fmt.param),) if fmt.closed else ()
+    return Constraint(fmt.spec, refused, report, closed)
+
+
+def _tools_constraint(
+    plan: ToolPlan, spec: ConstraintSpec, req: ChatCompletionRequest
+) -> Constraint:
+    all_tools = req.tools or []
+
+    def refused(e: ConstraintError) -> ApiError:
+        return tool_constraint_error(e, plan, all_tools)
+
+    def report(compiled: CompiledConstraint):
+        found = [(u.pointer, u.keyword, u.reason) for u in compiled.unenforced]
+        return tool_unenforced(found, plan, all_tools)
+
+    wrapped = Rewrite(rewrite="tool_calls", param="tools", detail=f"{plan.format.name} format")
+    closed = (Rewrite(rewrite="close_objects", param="tools"),) if plan.closed else ()
+    return Constraint(spec, refused, report, (wrapped, *closed))
+
+
+def _after_reasoning(constraint: Constraint, reasoning: ReasoningFormat | None) -> Constraint:
+    if reasoning is None:
+        return constraint
+    spec = constraint.spec.after_reasoning(reasoning.open, reasoning.close)
+    after = Rewrite(rewrite="after_reasoning", detail=reasoning.name)
+    rewrites = (*constraint.rewrites, after)
+    return Constraint(spec, constraint.refused, constraint.report, rewrites)
