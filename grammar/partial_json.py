@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from corral.grammar.shortest import (
+    MAX_FILL,
     JsonCloser,
     Schema,
     complete_string,
@@ -220,6 +221,8 @@ class PartialJson:
                 need -= 1
             if f.state == "value":
                 need = max(need, 1)
+            if need > MAX_FILL:
+                return None
             items = []
             start = f.count + (above is not None)
             for i in range(start, start + max(need, 0)):

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from corral.grammar.partial_json import PartialJson
 
 Schema = dict | bool
+#: The longest run of filler a closing may need (characters a `minLength` asks for, items a
+#: `minItems` asks for). A schema that asks for more (`minLength: 10**9` is valid) has no
+#: closing here: budget closing stays off for it and says why, rather than build the filler.
+MAX_FILL = 4096
 _FORMATS = {
     "date": "2000-01-01",
     "time": "00:00:00Z",
@@ -185,6 +189,8 @@ class JsonCloser:
             text = shortest_string(node)
             return None if text is None else self.dumps(text)
         if kind == "array":
+            if node.get("minItems", 0) > MAX_FILL:
+                return None
             items = [self.shortest(self.child(node, i)) for i in range(node.get("minItems", 0))]
             return None if None in items else "[" + self.comma.join(items) + "]"  # type: ignore[arg-type]
         if kind == "object":
@@ -223,6 +229,8 @@ class JsonCloser:
 def complete_string(node: dict, text: str) -> str | None:
     """The shortest suffix making `text` a valid string under `node` (type string)."""
     need = max(0, node.get("minLength", 0) - len(text))
+    if need > MAX_FILL:
+        return None
     if "pattern" in node:
         return _regex_completion(node["pattern"], text, node.get("minLength", 0))
     if "format" in node:
