@@ -55,6 +55,8 @@ def before_call(context, case, kwargs) -> None:
     if _is_int(body.get("n")) and body["n"] > 2:
         body["n"] = 2
     _servable(body)
+    if case.path.startswith("/v1/constraints") and not _constrained(body):
+        body["response_format"] = {"type": "json_object"}  # these answer a constraint only
 
 
 def _servable(body: dict) -> None:
@@ -83,6 +85,11 @@ def _servable(body: dict) -> None:
             body[key] = "{}"
     tools_in_play = body.get("tools") and body.get("tool_choice") != "none"
     _keep_first(body, () if tools_in_play else CONSTRAINTS, drop=CONSTRAINTS)
+
+
+def _constrained(body: dict) -> bool:
+    tools = body.get("tools") and body.get("tool_choice") != "none"
+    return bool(tools) or any(body.get(k) not in (None, False) for k in CONSTRAINTS)
 
 
 def _servable_response(body: dict) -> None:

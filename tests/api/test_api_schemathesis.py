@@ -8,6 +8,7 @@ It runs the installed `schemathesis` CLI (its pytest plugin does not support pyt
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,5 +38,9 @@ def test_openapi_conformance(server, tmp_path: Path) -> None:
            "--request-timeout", "60", "--generation-database", "none", "--no-color"]  # fmt: skip
     run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=480)
     output = run.stdout + run.stderr
+    # Exit 0: no check failed. (A warning such as "operations mostly rejected generated data"
+    # is about how many generated bodies were servable, not a failure, and is not asserted.)
     assert run.returncode == 0, output[-6000:]
-    assert "No issues found" in output, output[-3000:]
+    assert "No issues found" in output or "Warnings:" in output, output[-3000:]
+    generated = re.search(r"(\d+) generated, (\d+) passed", output)
+    assert generated and generated.group(1) == generated.group(2), output[-3000:]
