@@ -143,6 +143,9 @@ class SlowOnce:
                 time.sleep(self._seconds)
         return self._inner.fill_mask(bitmask, row)
 
+    def native_cursor(self) -> None:
+        return None  # its own (slow) fill must run, not a native batch fill of the inner cursor
+
     def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
