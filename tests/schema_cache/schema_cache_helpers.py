@@ -80,6 +80,17 @@ def start_child(root: Path, *args: str) -> subprocess.Popen:
     )
 
 
+def child_replica(tmp_path: Path, redis_url: str, make_service) -> tuple:
+    """Two replicas sharing one Redis, each with its own disk cache: a child process (started,
+    ready, waiting for ``sync / "go"``) and a service in this one. Returns (child, here, sync)."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    child = start_child(tmp_path / "child-disk", str(sync), redis_url)
+    here = make_service(redis_url=redis_url)
+    wait_until(lambda: list(sync.glob("ready-*")), 300, "the child to get ready")
+    return child, here, sync
+
+
 def finish_child(proc: subprocess.Popen, timeout: float = 300) -> dict:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{err[-4000:]}"

@@ -8,7 +8,13 @@ from __future__ import annotations
 import logging
 
 from schema_cache_child import specs
-from schema_cache_helpers import accepts, finish_child, regex_specs, start_child, wait_until
+from schema_cache_helpers import (
+    accepts,
+    child_replica,
+    finish_child,
+    regex_specs,
+    wait_until,
+)
 
 from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, TokenizerInfo
@@ -31,11 +37,7 @@ def listeners(redis) -> int:
 def test_an_entry_another_process_compiles_is_in_memory_here_before_anyone_asks(
     redis, redis_server, make_service, tmp_path
 ):
-    sync = tmp_path / "sync"
-    sync.mkdir()
-    child = start_child(tmp_path / "child-disk", str(sync), redis_server.url)
-    here = make_service(redis_url=redis_server.url)
-    wait_until(lambda: list(sync.glob("ready-*")), 300, "the child to get ready")
+    child, here, sync = child_replica(tmp_path, redis_server.url, make_service)
     wait_until(lambda: listeners(redis) == 1, 10, "this replica to listen")
     (sync / "go").touch()
     theirs = finish_child(child)  # it compiled everything and published it

@@ -15,9 +15,9 @@ import time
 from schema_cache_child import specs
 from schema_cache_helpers import (
     accepts,
+    child_replica,
     finish_child,
     regex_specs,
-    start_child,
     wait_until,
 )
 
@@ -36,13 +36,9 @@ def redis_key(service, spec: ConstraintSpec) -> str:
 def test_two_processes_sharing_redis_compile_each_constraint_once(
     redis, redis_server, make_service, tmp_path
 ):
-    sync = tmp_path / "sync"
-    sync.mkdir()
     # Two replicas, each with its own disk cache and one Redis between them: a child process
     # and this one, going through the same constraints at the same moment.
-    child = start_child(tmp_path / "child-disk", str(sync), redis_server.url)
-    here = make_service(redis_url=redis_server.url)
-    wait_until(lambda: list(sync.glob("ready-*")), 300, "the child to get ready")
+    child, here, sync = child_replica(tmp_path, redis_server.url, make_service)
     (sync / "go").touch()
     assert all(accepts(here, spec, text) for spec, text in specs())
     assert here.flush(timeout=30)
