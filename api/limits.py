@@ -36,6 +36,7 @@ _SCHEMA_ONE = frozenset(
      "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema")
 )  # fmt: skip
 _SCALAR_BYTES = {True: 4, False: 5, None: 4}
+_CONTAINERS = (dict, list)
 
 
 # -- schema statistics --------------------------------------------------------------------------
@@ -58,35 +59,53 @@ class SchemaStats:
 
 
 _DATA, _SCHEMA, _SCHEMA_MAP = 0, 1, 2  # what a node of a schema document is
+#: A container on the walk's stack: (node, depth, role, the parent's entry, the key in it).
+_Entry = tuple[Any, int, int, "_Entry | None", "str | int | None"]
 
 
 def schema_stats(schema: Any) -> SchemaStats:
-    """Measure a schema in one iterative pass (no recursion, O(size))."""
+    """Measure a schema in one iterative pass (no recursion, O(size)).
+
+    It runs on every constrained request, so it is written for speed: only containers go on the
+    stack, each with its parent's entry and its key (the path to the deepest one is rebuilt at
+    the end, not copied for every container), and ASCII text is measured by ``len``."""
     stats = SchemaStats(size=_scalar_bytes(schema))
-    # (container, its depth, the path to it, what it is: data, a schema, or a map of schemas)
-    stack: list[tuple[Any, int, tuple[str | int, ...], int]] = []
-    if isinstance(schema, dict | list):
-        stack.append((schema, 1, (), _SCHEMA))
+    if not isinstance(schema, _CONTAINERS):
+        return stats
+    root: _Entry = (schema, 1, _SCHEMA, None, None)
+    stack, deepest = [root], root
+    size = 0
     while stack:
-        node, depth, path, role = stack.pop()
+        entry = stack.pop()
+        node, depth, role = entry[0], entry[1], entry[2]
         if depth > stats.depth:
-            stats.depth, stats.deepest = depth, path
+            stats.depth, deepest = depth, entry
         if isinstance(node, dict):
-            stats.size += 1 + 2 * len(node) if node else 2  # braces, colons, commas
+            size += 1 + 2 * len(node) if node else 2  # braces, colons, commas
             for key, value in node.items():
-                stats.size += _text_bytes(key) + 2
-                child = _child_role(stats, role, key, value)
-                if isinstance(value, dict | list):
-                    stack.append((value, depth + 1, (*path, key), child))
+                size += (len(key) if key.isascii() else _text_bytes(key)) + 2
+                if isinstance(value, _CONTAINERS):
+                    child = _child_role(stats, role, key, value)
+                    stack.append((value, depth + 1, child, entry, key))
+                elif isinstance(value, str) and value.isascii():
+                    size += len(value) + 2
                 else:
-                    stats.size += _scalar_bytes(value)
+                    size += _scalar_bytes(value)
         else:
-            stats.size += 1 + len(node) if node else 2  # brackets, commas
+            size += 1 + len(node) if node else 2  # brackets, commas
             for i, value in enumerate(node):
-                if isinstance(value, dict | list):
-                    stack.append((value, depth + 1, (*path, i), role))
+                if isinstance(value, _CONTAINERS):
+                    stack.append((value, depth + 1, role, entry, i))
+                elif isinstance(value, str) and value.isascii():
+                    size += len(value) + 2
                 else:
-                    stats.size += _scalar_bytes(value)
+                    size += _scalar_bytes(value)
+    stats.size += size
+    path: list[str | int] = []
+    while deepest[3] is not None:
+        path.append(deepest[4])
+        deepest = deepest[3]
+    stats.deepest = tuple(reversed(path))
     return stats
 
 

@@ -5,8 +5,9 @@ Every constrained response carries one (a stream: in its first chunk), and so do
 content digest and the compiled-constraint cache's key, the backend and its version, Corral's
 cache format and grammar-code versions, where this request's compiled form came from (a cache
 tier, another request's compile it joined, or a compile of its own with its duration), the
-rewrites Corral applied to the request's constraint before compiling it, and the keywords
-lenient mode does not enforce (``exact`` is false then). An unconstrained response carries no
+rewrites Corral applied to the request's constraint before compiling it (the request-level ones
+first, then each schema keyword the analysis rewrote, pointed into its request field), and the
+keywords lenient mode does not enforce (``exact`` is false then). An unconstrained response carries no
 receipt: nothing was compiled, so there is nothing to vouch for.
 
 ``Constraint`` is a request's constraint before its compile (the spec, the 400 a refusal
@@ -42,11 +43,14 @@ class Constraint:
 
     ``refused`` turns a ConstraintError into the request's 400 (its ``param`` and pointer name
     the request field); ``report`` lists lenient mode's unenforced keywords with pointers into
-    the request; ``rewrites`` are the changes that made ``spec`` from the request."""
+    the request; ``locate`` turns a pointer into the compiled constraint's source into (request
+    field, pointer within it); ``rewrites`` are the changes that made ``spec`` from the
+    request."""
 
     spec: ConstraintSpec
     refused: Callable[[ConstraintError], ApiError]
     report: Callable[[CompiledConstraint], list[Unenforced] | None]
+    locate: Callable[[str], tuple[str, str]]
     rewrites: tuple[Rewrite, ...] = ()
 
 
@@ -83,6 +87,26 @@ def _receipt(constraint: Constraint, found: Lookup, unenforced: list[Unenforced]
         cache=found.source,
         compile_ms=round(found.compile_s * 1000, 3) if compiled_here else None,
         exact=not unenforced,
-        rewrites=list(constraint.rewrites),
+        rewrites=[*constraint.rewrites, *_keyword_rewrites(constraint, c)],
         unenforced=unenforced or [],
     )
+
+
+def _keyword_rewrites(constraint: Constraint, compiled: CompiledConstraint) -> list[Rewrite]:
+    """The analysis's keyword rewrites, pointed into the request; a schema compiled more than
+    once (a function under two call openers) is listed once."""
+    out, seen = [], set()
+    for r in compiled.rewrites:
+        param, pointer = constraint.locate(r.pointer)
+        if (param, pointer, r.keyword, r.rewrite) not in seen:
+            seen.add((param, pointer, r.keyword, r.rewrite))
+            out.append(
+                Rewrite(
+                    rewrite="keyword",
+                    param=param,
+                    pointer=pointer,
+                    keyword=r.keyword,
+                    detail=r.rewrite,
+                )
+            )
+    return out

@@ -12,6 +12,7 @@ off the event loop.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from corral.api.errors import ApiError, bad_request
@@ -25,7 +26,13 @@ from corral.api.response_formats import (
     unenforced_report,
     wants_closed_objects,
 )
-from corral.api.tools import ToolPlan, plan_tools, tool_constraint_error, tool_unenforced
+from corral.api.tools import (
+    ToolPlan,
+    plan_tools,
+    tool_constraint_error,
+    tool_param,
+    tool_unenforced,
+)
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
 
 if TYPE_CHECKING:
@@ -96,8 +103,11 @@ def _format_constraint(fmt: FormatSpec) -> Constraint:
     def report(compiled: CompiledConstraint):
         return unenforced_report(compiled, fmt.param)
 
+    def locate(pointer: str) -> tuple[str, str]:
+        return fmt.param, pointer
+
     closed = (Rewrite(rewrite="close_objects", param=fmt.param),) if fmt.closed else ()
-    return Constraint(fmt.spec, refused, report, closed)
+    return Constraint(fmt.spec, refused, report, locate, closed)
 
 
 def _tools_constraint(
@@ -112,9 +122,12 @@ def _tools_constraint(
         found = [(u.pointer, u.keyword, u.reason) for u in compiled.unenforced]
         return tool_unenforced(found, plan, all_tools)
 
+    def locate(pointer: str) -> tuple[str, str]:
+        return tool_param(pointer, plan, all_tools)
+
     wrapped = Rewrite(rewrite="tool_calls", param="tools", detail=f"{plan.format.name} format")
     closed = (Rewrite(rewrite="close_objects", param="tools"),) if plan.closed else ()
-    return Constraint(spec, refused, report, (wrapped, *closed))
+    return Constraint(spec, refused, report, locate, (wrapped, *closed))
 
 
 def _after_reasoning(constraint: Constraint, reasoning: ReasoningFormat | None) -> Constraint:
@@ -122,5 +135,4 @@ def _after_reasoning(constraint: Constraint, reasoning: ReasoningFormat | None) 
         return constraint
     spec = constraint.spec.after_reasoning(reasoning.open, reasoning.close)
     after = Rewrite(rewrite="after_reasoning", detail=reasoning.name)
-    rewrites = (*constraint.rewrites, after)
-    return Constraint(spec, constraint.refused, constraint.report, rewrites)
+    return replace(constraint, spec=spec, rewrites=(*constraint.rewrites, after))

@@ -21,6 +21,7 @@ from corral.engine.core import BudgetReport, RequestError, SamplingParams
 from corral.grammar import ConstraintSpec
 from corral.grammar.shortest import JsonCloser
 from corral.grammar.spec import ConstraintKind
+from corral.grammar.tag_close import TagCloser
 
 
 def check_model(state: ServerState, model: str) -> None:
@@ -122,17 +123,29 @@ def _extensions(state: ServerState, req: Any, budget: int) -> dict[str, Any]:
 
 def with_budget_close(params: SamplingParams, req: Any, spec: ConstraintSpec | None):
     """`params` with budget closing (`engine.budget_close`) for a json_schema / json_object
-    constraint, unless the request opted out (``"budget_close": false``). Not (yet) for tool
-    calls and structural tags, nor after a reasoning block. Runs the schema analysis: call it
-    off the event loop."""
-    json_kinds = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
-    if not req.budget_close or spec is None or spec.kind not in json_kinds or spec.reasoning:
+    constraint and for tool calls / structural tags (`grammar.tag_close`), unless the request
+    opted out (``"budget_close": false``). Not after a reasoning block. Runs the schema
+    analysis: call it off the event loop."""
+    if not req.budget_close or spec is None or not _closes(spec):
         return params
     return replace(params, budget_close=_closer(spec))
 
 
+def prepare_budget_close(spec: ConstraintSpec) -> None:
+    """Build ``spec``'s closer before a request needs it (a prefetched constraint)."""
+    if _closes(spec):
+        _closer(spec)
+
+
+def _closes(spec: ConstraintSpec) -> bool:
+    kinds = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT, ConstraintKind.STRUCTURAL_TAG)
+    return spec.kind in kinds and not spec.reasoning
+
+
 @lru_cache(maxsize=256)
-def _closer(spec: ConstraintSpec) -> JsonCloser:
+def _closer(spec: ConstraintSpec) -> JsonCloser | TagCloser:
+    if spec.kind is ConstraintKind.STRUCTURAL_TAG:
+        return TagCloser.for_spec(spec)  # its shortest calls are found as it is built
     closer = JsonCloser.for_spec(spec)
     closer.shortest(closer.root)  # filled here, off the engine's step loop
     return closer

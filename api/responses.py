@@ -70,13 +70,22 @@ class Unenforced(BaseModel):
 class Rewrite(BaseModel):
     """A change Corral made to the request's constraint before compiling it."""
 
-    rewrite: Literal["close_objects", "tool_calls", "after_reasoning"] = Field(
+    rewrite: Literal["close_objects", "tool_calls", "after_reasoning", "keyword"] = Field(
         description="close_objects: objects silent about extra keys get only their declared "
         "properties; tool_calls: the tools became one structural tag in the model's call "
-        "format; after_reasoning: the constraint starts after the think block"
+        "format; after_reasoning: the constraint starts after the think block; keyword: the "
+        "schema analysis rewrote one keyword into a form the backend enforces exactly"
     )
     param: str | None = Field(default=None, description="the request field it applies to")
-    detail: str | None = None
+    pointer: str | None = Field(
+        default=None, description="keyword: the JSON pointer of the keyword within param"
+    )
+    keyword: str | None = Field(default=None, description="keyword: the schema keyword")
+    detail: str | None = Field(
+        default=None,
+        description="tool_calls: the call format; after_reasoning: the reasoning format; "
+        "keyword: what was done, a fixed name such as 'oneOf->anyOf (branches disjoint)'",
+    )
 
 
 class Receipt(BaseModel):

@@ -22,6 +22,7 @@ def build_state(config: ServerConfig) -> ServerState:
     import torch
 
     torch.set_num_threads(1)
+    from corral.api.request_params import prepare_budget_close
     from corral.engine.assets import load_model
     from corral.engine.async_engine import AsyncEngine
     from corral.grammar import TokenizerInfo
@@ -48,7 +49,7 @@ def build_state(config: ServerConfig) -> ServerState:
         redis_url=config.cache_url,
         redis_prefetch=config.cache_prefetch,
     )
-    compiler = CompileService(tok, cache)
+    compiler = CompileService(tok, cache, prepare=prepare_budget_close)
     engine = AsyncEngine(
         model,
         config.engine_config(),

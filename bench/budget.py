@@ -9,6 +9,7 @@ figure is the share of outputs that parse and validate (jsonschema, Draft 2020-1
 original schema; the target with budget closing is 100%.
 
     python bench/budget.py --sample 200
+    python bench/budget.py --only Glaiveai2K---calculate_area_245ee1e7.json   # named schemas
 """
 
 from __future__ import annotations
@@ -92,13 +93,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=int, default=200, help="stratified sample of N schemas")
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", nargs="+", metavar="FILE", help="these corpus files, not a sample")
     args = p.parse_args(argv)
     print(header(__file__))
     model = load_model()
     tok = TokenizerInfo.from_hf(
         model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
     )
-    files = stratified_sample(sorted(args.corpus.glob("*.json")), args.sample, args.seed)
+    files = sorted(args.corpus.glob("*.json"))
+    if args.only:
+        files = [args.corpus / name for name in args.only]
+    else:
+        files = stratified_sample(files, args.sample, args.seed)
     todo, unmodelled = cases(files, tok, model.tokenizer)
     enc = model.tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT}], add_generation_prompt=True

@@ -2,11 +2,11 @@
 
 Invariant, kept before every appended token t of a steered sequence: L(after t) <= the tokens
 left after t, where L(state) is the token length of a closing sequence C known to exist from
-that state (`grammar.shortest`: the shortest completion text, tokenized). When taking t would
-break it, t is not taken: C from the current state is appended instead (all of it, like
-jump-forward's forced tokens), the sequence ends with finish reason "length", and the report
-names the JSON pointers C cut short. So whenever `max_tokens` >= L(start), the output is a
-complete instance the matcher accepts.
+that state (`grammar.shortest`, or `grammar.tag_close` for tool calls: the shortest completion
+text, tokenized). When taking t would break it, t is not taken: C from the current state is
+appended instead (all of it, like jump-forward's forced tokens), the sequence ends with finish
+reason "length", and the report names the JSON pointers C cut short. So whenever
+`max_tokens` >= L(start), the output is a complete instance the matcher accepts.
 
 Exactness of the parts:
 - C is checked before it is relied on: it is run through the sequence's own matcher (accepted,
@@ -69,8 +69,8 @@ class BudgetSteer:
 
     def admits(self, seq: Sequence, tok: int) -> bool:
         """Whether `seq` may take `tok` and keep the invariant; commits the parse when it may."""
-        if not self.active:
-            return True
+        if not self.active or (tok in _special_ids(self.tok) and _ends(seq, tok)):
+            return True  # a stop token that ends a complete output is no text to close
         decoder = codecs.getincrementaldecoder("utf-8")()
         decoder.setstate(self.decoder.getstate())
         trial = self.partial.copy()
@@ -134,6 +134,21 @@ class BudgetSteer:
             complete = seq.matcher is not None and seq.matcher.can_terminate()
             return BudgetReport(False, (), complete, self.reason or None)
         return None
+
+
+def _ends(seq: Sequence, tok: int) -> bool:
+    """Whether `seq`'s matcher takes `tok` and is finished after it (state unchanged)."""
+    m = seq.matcher
+    if not m.can_terminate() or not m.accept(tok):
+        return False
+    done = m.is_terminated()
+    m.rollback(1)
+    return done
+
+
+@lru_cache(maxsize=8)
+def _special_ids(tokenizer) -> frozenset[int]:
+    return frozenset(getattr(tokenizer, "all_special_ids", ()))
 
 
 def _verified(seq: Sequence, tokens: list[int]) -> bool:

@@ -4,10 +4,15 @@ Ray Serve runs one router per deployment handle, here inside the ingress replica
 ``choose_replicas`` for every request with the handle call's arguments: the ASGI scope and
 body (``ingress.py``). ``on_request_routed`` is told where each request went, which is what the
 affinity index records. Queue lengths come from Ray Serve's own cache of the replicas' replies.
+
+A request's routing key parses its whole body (a large schema: milliseconds), so it is computed
+once, when the request is first ranked, and kept until the request is routed; keys of requests
+that are never routed (their caller left) fall out of a small bounded table.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from ray.serve.request_router import (
@@ -20,6 +25,10 @@ from ray.serve.request_router import (
 
 from corral.fleet.affinity import AffinityIndex, Policy, RoutingKey, rank_replicas, routing_key
 
+#: routing keys kept for requests ranked but not routed yet (more are in flight only when the
+#: ingress holds that many requests that Ray Serve has not placed; a forgotten key is re-parsed)
+_PENDING_KEYS = 1024
+
 
 class CorralRouter(RequestRouter):
     """Prefix first, then the compiled constraint, then the least loaded replica."""
@@ -28,6 +37,7 @@ class CorralRouter(RequestRouter):
         """``policy``: the fields of ``affinity.Policy`` (``request_router_kwargs``)."""
         self._policy = Policy(**policy)
         self._index = AffinityIndex()
+        self._pending: OrderedDict[str, RoutingKey] = OrderedDict()
 
     async def choose_replicas(
         self,
@@ -35,7 +45,7 @@ class CorralRouter(RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        key = _key(pending_request)
+        key = self._key(pending_request, keep=True)
         queue_lens = {
             rid: self.replica_queue_len_cache.get(r.replica_id) for rid, r in by_id.items()
         }
@@ -45,17 +55,24 @@ class CorralRouter(RequestRouter):
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
     ) -> None:
-        self._index.record(replica_id.unique_id, _key(pending_request))
+        self._index.record(replica_id.unique_id, self._key(pending_request, keep=False))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._index.forget(replica_id.unique_id)
 
-
-def _key(pending_request: PendingRequest | None) -> RoutingKey:
-    """The routing key of a ``Replica.asgi(scope, body)`` call; parsing the body again for
-    ``on_request_routed`` costs less than keeping keys of requests that may never be routed."""
-    if pending_request is None or len(pending_request.args) != 2:
-        return RoutingKey()
-    scope, body = pending_request.args
-    return routing_key(scope, body)
+    def _key(self, pending_request: PendingRequest | None, keep: bool) -> RoutingKey:
+        """The routing key of a ``Replica.asgi(scope, body)`` call, parsed at most once while
+        the request waits to be routed (Ray Serve may rank it again); ``keep`` False: the
+        request is routed, its key is not needed again."""
+        if pending_request is None or len(pending_request.args) != 2:
+            return RoutingKey()
+        request_id = pending_request.metadata.internal_request_id
+        key = self._pending.pop(request_id, None)
+        if key is None:
+            key = routing_key(*pending_request.args)
+        if keep:
+            self._pending[request_id] = key
+            while len(self._pending) > _PENDING_KEYS:
+                self._pending.popitem(last=False)
+        return key

@@ -16,11 +16,12 @@ from corral.grammar.distinct_keys import DistinctKeysMatcher, token_index
 from corral.grammar.errors import Unenforced
 from corral.grammar.llg_limits import check_raised
 from corral.grammar.matcher import Matcher
+from corral.grammar.rewrite_log import Rewritten
 from corral.grammar.tokenizer import TokenizerInfo
 from corral.grammar.version import ANALYSIS_VERSION
 
 #: Bumped whenever the byte layout or the meaning of a stored payload changes.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 _MAGIC = b"CORRALCC"
 # Measured (glibc mallinfo2, Llama-3 tokenizer, grammars of 0.3-130 KB): an llguidance prototype
 # holds about 56 KiB plus 60-90 bytes per byte of grammar text, before its lexer grows with use.
@@ -99,6 +100,8 @@ class CompiledConstraint:
     analysis_version: str = ANALYSIS_VERSION
     #: Outputs must not repeat a key within an object (``distinct_keys``; llguidance only).
     distinct_keys: bool = False
+    #: The schema analysis's keyword rewrites (``rewrite_log``), for the receipt of every hit.
+    rewrites: tuple[Rewritten, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in _BACKENDS:
@@ -139,6 +142,7 @@ class CompiledConstraint:
             "limits": dict(self.limits),
             "analysis": self.analysis_version,
             "distinct_keys": self.distinct_keys,
+            "rewrites": [list(r) for r in self.rewrites],
         }
         header["seal"] = _seal(header, self.payload)
         raw = json.dumps(header).encode()
@@ -176,10 +180,11 @@ class CompiledConstraint:
             spec_digest=header["spec_digest"],
             tokenizer_fingerprint=tok.fingerprint,
             eos_token_ids=frozenset(tok.eos_token_ids),
-            unenforced=tuple(Unenforced(*u) for u in header.get("unenforced", [])),
+            unenforced=_records(header["unenforced"], Unenforced),
             native=native,
             limits=MappingProxyType(limits),
             distinct_keys=header["distinct_keys"] is True,
+            rewrites=_records(header["rewrites"], Rewritten),
         )
 
 
@@ -193,8 +198,18 @@ _HEADER_KEYS = {
     "limits",
     "analysis",
     "distinct_keys",
+    "rewrites",
     "seal",
 }
+
+
+def _records(items: Any, record: Any) -> tuple:
+    """A header's list of string triples as ``record`` tuples (``Unenforced``, ``Rewritten``)."""
+    if not isinstance(items, list) or not all(
+        isinstance(i, list) and len(i) == 3 and all(isinstance(s, str) for s in i) for i in items
+    ):
+        raise CorruptEntry("garbled header records")
+    return tuple(record(*i) for i in items)
 
 
 def _seal(header: dict[str, Any], payload: bytes) -> str:

@@ -28,7 +28,8 @@ from corral.grammar.llg_limits import RAISED, effective_limits, needed
 from corral.grammar.probe import ProbeFailure, probe
 from corral.grammar.reasoning import after_reasoning
 from corral.grammar.regex_translate import literal_regex, translate_regex
-from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.rewrite_log import ANY_ORDER, Rewritten
+from corral.grammar.schema_analysis import SchemaPlan, analyze_schema
 from corral.grammar.schema_order import backend_layout
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
 from corral.grammar.structural_tag import structural_tag_lark
@@ -48,6 +49,7 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     if spec.kind is ConstraintKind.EBNF:
         return _compile_ebnf(spec, tok)
     unenforced: tuple = ()
+    rewrites: tuple[Rewritten, ...] = ()
     raised: dict[str, int] = {}
     distinct_keys = False
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
@@ -57,9 +59,10 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
             source=spec.source or None,
             check_keys=spec.reasoning is None,
         )
-        schema, distinct_keys = plan.schema, plan.distinct_keys
+        schema, distinct_keys, rewrites = plan.schema, plan.distinct_keys, plan.rewrites
         if spec.reasoning is None:
-            schema, distinct_keys = backend_layout(schema, distinct_keys)
+            schema, distinct_keys, freed = backend_layout(schema, distinct_keys)
+            rewrites += _any_order(plan, freed)
         grammar = llg.grammar_from_schema(schema, spec.json_format)
         unenforced, keyword = plan.unenforced, "schema"
     elif spec.kind is ConstraintKind.REGEX:
@@ -72,26 +75,39 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     elif spec.kind is ConstraintKind.LARK:
         grammar, keyword = llg.grammar_from_lark(spec.source), "lark"
     elif spec.kind is ConstraintKind.STRUCTURAL_TAG:
-        grammar, unenforced, raised = _structural_tag(spec, tok)
+        grammar, unenforced, raised, rewrites = _structural_tag(spec, tok)
         keyword = "structural_tag"
     else:  # pragma: no cover - the enum is closed
         raise ConstraintError(f"unknown constraint kind {spec.kind}")
     if spec.reasoning is not None:
         grammar = after_reasoning(grammar, *spec.reasoning, _special_token(tok))
-    return _llguidance(grammar, spec, tok, keyword, unenforced, raised, distinct_keys)
+    return _llguidance(grammar, spec, tok, keyword, unenforced, raised, distinct_keys, rewrites)
 
 
-def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tuple, dict]:
-    """The structural tag's grammar, what lenient mode left out, and the raised limits.
+def _any_order(plan: SchemaPlan, freed: list[dict]) -> tuple[Rewritten, ...]:
+    """One record per object whose optional properties ``backend_layout`` freed; an object the
+    analysis built itself (a negation, a dependency) has no input pointer: the root stands in."""
+    pointers = [plan.pointer_of(node) for node in freed]
+    return tuple(
+        Rewritten("" if p is None else f"{p}/properties", "properties", ANY_ORDER)
+        for p in dict.fromkeys(pointers)
+    )
+
+
+def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tuple, dict, tuple]:
+    """The structural tag's grammar, what lenient mode left out, the raised limits and the
+    keyword rewrites (pointers into the tag's source, as lenient mode's).
 
     Each structure's schema is analysed (fail closed) and its own grammar probed first: the
     probe of the whole grammar walks the free text, so a schema past a backend limit must be
     refused here, not once the model writes a trigger. A limit a structure needed raised is
     raised for the whole grammar too, where that structure runs."""
     raised: dict[str, int] = {}
+    rewrites: list[tuple[Rewritten, ...]] = []  # one entry per structure: analysed in order
 
     def analyse(schema):
         plan = analyze_schema(schema, lenient=not spec.strict, check_keys=False)
+        rewrites.append(plan.rewrites)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
         raised.update(probed_prototype(grammar, tok, "schema", raised).raised)
         return plan.schema, plan.unenforced
@@ -99,7 +115,12 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
     lark, unenforced = structural_tag_lark(
         spec.structural_tag(), llg.json_options(spec.json_format), _special_token(tok), analyse
     )
-    return llg.grammar_from_lark(lark), unenforced, raised
+    moved = tuple(
+        r._replace(pointer=f"/structures/{i}/schema{r.pointer}")
+        for i, found in enumerate(rewrites)
+        for r in found
+    )
+    return llg.grammar_from_lark(lark), unenforced, raised, moved
 
 
 def _special_token(tok: TokenizerInfo):
@@ -122,6 +143,7 @@ def _llguidance(
     unenforced: tuple = (),
     raised: dict[str, int] | None = None,
     distinct_keys: bool = False,
+    rewrites: tuple[Rewritten, ...] = (),
 ) -> CompiledConstraint:
     prototype = probed_prototype(grammar, tok, keyword, raised)
     return CompiledConstraint(
@@ -134,6 +156,7 @@ def _llguidance(
         native=prototype,
         limits=MappingProxyType(dict(prototype.raised)),
         distinct_keys=distinct_keys,
+        rewrites=rewrites,
     )
 
 

@@ -114,26 +114,37 @@ def lone_surrogate_path(data: Any) -> tuple[tuple[str | int, ...], bool] | None:
     return None
 
 
+def data_depth(value: Any) -> int:
+    """How many JSON levels ``value`` spans (a scalar 0, ``[]`` 1, ``[[1]]`` 2); iterative, and
+    it stops descending past :data:`MAX_NESTING_DEPTH` levels."""
+    return _scan(value)[0]
+
+
 def _scan(doc: Any) -> tuple[int, bool]:
     """(the document's depth in JSON levels, whether some string or key is not valid text);
-    stops descending once the depth passes the limit."""
+    stops descending once the depth passes the limit. Only containers go on the stack, and a
+    string costs one ``isascii`` unless it has other characters: this runs on every schema of
+    every request, so it is written for speed."""
+    if not isinstance(doc, dict | list):
+        return 0, isinstance(doc, str) and not is_valid_text(doc)
     deepest, dirty = 0, False
     stack = [(doc, 1)]
     while stack:
         node, depth = stack.pop()
-        if isinstance(node, str):
-            dirty = dirty or not is_valid_text(node)
-            continue
-        if not isinstance(node, dict | list):
-            continue
-        deepest = max(deepest, depth)
+        if depth > deepest:
+            deepest = depth
         if depth > MAX_NESTING_DEPTH:
             continue
         if isinstance(node, dict):
-            dirty = dirty or not all(is_valid_text(k) for k in node if isinstance(k, str))
-            stack.extend((v, depth + 1) for v in node.values())
-        else:
-            stack.extend((v, depth + 1) for v in node)
+            if not dirty:
+                dirty = not all(k.isascii() or is_valid_text(k) for k in node if isinstance(k, str))
+            node = node.values()
+        for value in node:
+            if isinstance(value, str):
+                if not (dirty or value.isascii() or is_valid_text(value)):
+                    dirty = True
+            elif isinstance(value, dict | list):
+                stack.append((value, depth + 1))
     return deepest, dirty
 
 

@@ -1,17 +1,26 @@
 """A prefix of a JSON instance, parsed against a `JsonCloser`'s schema, and its closing text.
 
 A `PartialJson` is a stack of frames, one per open value, each with the schema branches that may
-describe it (`anyOf`/`oneOf` branches narrowed by the value's first character). `feed` is
-incremental (cost: the new characters), `copy` is shallow (cost: the depth), and `closing`
-reuses the closing text of every container frame that did not change since it was last asked
-(cost: the innermost frames), so the engine can ask at every step.
+describe it (`JsonCloser.branches`, narrowed by the value's first character). Each branch
+remembers which branches of the enclosing value it came from, and a finished value keeps only
+the enclosing branches that one of its own valid branches came from (a scalar or string by its
+value, an object by its required names, an array by its length). So a `oneOf` whose branches
+differ only in `required`, or by a discriminating `const`, is followed as the instance commits
+to one; and the closing is chosen per branch, inside out, so the text closing an inner value and
+the text closing its container come from the same branch path.
+
+`feed` is incremental (cost: the new characters), `copy` is shallow (cost: the depth), and
+`closing` reuses the closing text of every container frame that did not change since it was
+last asked (cost: the innermost frames), so the engine can ask at every step.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from corral.grammar.shortest import (
     MAX_FILL,
@@ -23,19 +32,23 @@ from corral.grammar.shortest import (
     number_ok,
 )
 
+_Closing = tuple[str, list[str]]  # a closing text and the pointers it cuts short
 _TYPE_OF_FIRST = {"{": "object", "[": "array", '"': "string", "t": "boolean", "f": "boolean"}
 _LITERALS = ("true", "false", "null")
+_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # the escape of a high surrogate
 
 
 @dataclass
 class _Frame:
     """One open value. `kind`: top, object, array, string, key, scalar. `state` (containers):
     what comes next; `text`: a string's or scalar's characters so far; `keys`: properties
-    present; `count`: items so far; `key`: the property whose value is being written."""
+    present; `count`: items so far; `key`: the property whose value is being written;
+    `parents[i]`: the indices of the enclosing frame's branches that `schemas[i]` came from."""
 
     kind: str
     schemas: list[Schema]
     pointer: str
+    parents: list[frozenset[int]] = field(default_factory=list)
     state: str = "value"
     text: str = ""
     escape: str = ""  # an unfinished escape sequence inside a string
@@ -50,7 +63,7 @@ class PartialJson:
     def __init__(self, closer: JsonCloser, stack: list[_Frame]) -> None:
         self.closer = closer
         self.stack = stack
-        self._closed: dict[tuple, tuple[str, list[str]] | None] = {}  # shared by copies
+        self._closed: dict[tuple, list[_Closing | None]] = {}  # shared by copies
         self.broken = False  # text this parser does not model was fed
         # The separator (',' or ':') the text ends in, and the whitespace typed after it: a
         # separator such as ", " is only complete with its space.
@@ -59,7 +72,7 @@ class PartialJson:
 
     @classmethod
     def empty(cls, closer: JsonCloser) -> PartialJson:
-        return cls(closer, [_Frame("top", closer.branches(closer.root), "")])
+        return cls(closer, [_Frame("top", [closer.root], "", [frozenset()])])
 
     def copy(self) -> PartialJson:
         new = PartialJson(self.closer, [copy.copy(f) for f in self.stack])
@@ -96,8 +109,7 @@ class PartialJson:
         elif ch == "," and top.state == "comma_or_end":
             top.state = "key" if top.kind == "object" else "value"
         elif ch in "}]" and top.state in ("comma_or_end", "key_or_end", "value_or_end"):
-            self.stack.pop()
-            self._value_done()
+            self._end_value()
         elif top.kind == "array" and top.state == "value_or_end":
             top.state = "value"
             self._open(top, ch)
@@ -116,46 +128,57 @@ class PartialJson:
             node_of, pointer = (lambda b: b), ""
         parent.state = "inside"
         kind = _TYPE_OF_FIRST.get(ch, "number")
-        schemas = [
-            b
-            for s in parent.schemas
-            for b in self.closer.branches(node_of(s))
-            if _admits_type(b, kind)
-        ]
+        origins: dict[int, tuple[Schema, set[int]]] = {}  # one entry per distinct branch
+        for i, s in enumerate(parent.schemas):
+            for b in self.closer.branches(node_of(s)):
+                if _admits_type(b, kind):
+                    origins.setdefault(id(b), (b, set()))[1].add(i)
+        schemas = [b for b, _ in origins.values()]
+        frame = _Frame("scalar", schemas, pointer, [frozenset(p) for _, p in origins.values()])
         if ch == "{":
-            self.stack.append(_Frame("object", schemas, pointer, state="key_or_end"))
+            frame.kind, frame.state = "object", "key_or_end"
         elif ch == "[":
-            self.stack.append(_Frame("array", schemas, pointer, state="value_or_end"))
+            frame.kind, frame.state = "array", "value_or_end"
         elif ch == '"':
-            self.stack.append(_Frame("string", schemas, pointer))
+            frame.kind = "string"
         else:
-            self.stack.append(_Frame("scalar", schemas, pointer, text=ch))
+            frame.text = ch
+        self.stack.append(frame)
 
     def _string_char(self, top: _Frame, ch: str) -> None:
-        if top.escape:
+        if top.escape:  # a surrogate pair's high half waits for its low half (one character)
             top.escape += ch
-            if top.escape[1] != "u" or len(top.escape) == 6:
-                top.text += json.loads('"' + top.escape + '"') if _good(top.escape) else "?"
+            e = top.escape
+            if e[1] != "u" or len(e) == 12 or (len(e) == 6 and not _HIGH.fullmatch(e)):
+                top.text += json.loads('"' + e + '"') if _good(e) else "?"
                 top.escape = ""
+            elif len(e) in (7, 8) and e[6:] != "\\u"[: len(e) - 6]:
+                self.broken = True  # a lone high surrogate: not modelled
             return
         if ch == "\\":
             top.escape = ch
         elif ch == '"':
-            self.stack.pop()
             if top.kind == "key":
+                self.stack.pop()
                 parent = self.stack[-1]
                 parent.key, parent.keys, parent.state = top.text, parent.keys + (top.text,), "colon"
             else:
-                self._value_done()
+                self._end_value()
         else:
             top.text += ch
 
     def _end_value(self) -> None:
-        self.stack.pop()
-        self._value_done()
-
-    def _value_done(self) -> None:
+        """The innermost value is complete: its enclosing value keeps the branches that one of
+        the branches it is valid under came from (all of them, should none be: unknown)."""
+        done = self.stack.pop()
         parent = self.stack[-1]
+        kept = set().union(
+            *(p for b, p in zip(done.schemas, done.parents, strict=True) if _holds(done, b))
+        )
+        if kept and len(kept) < len(parent.schemas):
+            order = sorted(kept)
+            parent.schemas = [parent.schemas[i] for i in order]
+            parent.parents = [parent.parents[i] for i in order]
         if parent.kind == "top":
             parent.state = "done"
             return
@@ -170,44 +193,48 @@ class PartialJson:
         values it cuts short (open ones, and required ones it fills); None when unknown."""
         if self.broken:
             return None
-        text, cut = "", []
+        text = ""
         if self.sep is not None:
             full = self.closer.comma if self.sep == "," else self.closer.colon
             text = full[full.index(self.sep) + 1 :][self.ws :]
-        for depth in range(len(self.stack) - 1, -1, -1):
-            part = self._close_frame(depth, cut)
-            if part is None:
-                return None
-            text += part
-        return text, cut
+        # best[i]: the shortest closing of frames depth.. under branch i of frame `depth`
+        depth = len(self.stack) - 1 - (self.stack[-1].kind == "key")  # its object finishes it
+        best = self._close_frame(depth)
+        while depth > 0:
+            inner, depth = self.stack[depth], depth - 1
+            own = self._close_frame(depth)
+            via: list[_Closing | None] = [None] * len(own)
+            for closed, parents in zip(best, inner.parents, strict=True):
+                for i in parents if closed is not None else ():
+                    if via[i] is None or len(closed[0]) < len(via[i][0]):  # type: ignore[index]
+                        via[i] = closed
+            best = [
+                None if a is None or b is None else (a[0] + b[0], a[1] + b[1])
+                for a, b in zip(via, own, strict=True)
+            ]
+        found = min((b for b in best if b is not None), key=lambda b: len(b[0]), default=None)
+        return None if found is None else (text + found[0], list(found[1]))
 
-    def _close_frame(self, depth: int, cut: list[str]) -> str | None:
+    def _close_frame(self, depth: int) -> list[_Closing | None]:
+        """For each branch of frame `depth`: the text that closes it once the frames inside it
+        are closed, with the pointers it cuts short; None where that branch has none."""
         c, f = self.closer, self.stack[depth]
-        innermost = depth == len(self.stack) - 1
         if f.kind == "top":
-            if f.state == "value":
-                cut.append("")
-                return c.shortest(c.root)
-            return ""
-        if f.kind == "key":
-            return ""  # its object frame finishes the name
+            if f.state != "value":
+                return [("", [])]
+            value = c.shortest(c.root)
+            return [None if value is None else (value, [""])]
         if f.kind in ("string", "scalar"):
-            cut.append(f.pointer)
             ends = (_finish_leaf(f, b, c) for b in f.schemas)
-            return min((e for e in ends if e is not None), key=len, default=None)
-        above = None if innermost else self.stack[depth + 1].kind
+            return [None if e is None else (e, [f.pointer]) for e in ends]
+        above = self.stack[depth + 1].kind if depth + 1 < len(self.stack) else None
         key = (f.kind, f.state, f.keys, f.count, f.key, above, f.pointer, *map(id, f.schemas))
-        best = self._closed.get(key) if above != "key" else None
-        if best is None:
+        if above == "key" or key not in self._closed:
             options = [self._close_container(f, b, above) for b in f.schemas]
-            found = [o for o in options if o is not None]
-            best = min(found, key=lambda o: len(o[0])) if found else None
-            if above != "key":
-                self._closed[key] = best
-        if best is None:
-            return None
-        cut.extend(best[1])
-        return best[0]
+            if above == "key":
+                return options
+            self._closed[key] = options
+        return self._closed[key]
 
     def _close_container(
         self, f: _Frame, node: Schema, above: str | None
@@ -262,8 +289,10 @@ class PartialJson:
         typed = key.text
         later, undeclared = _next_names(node, f.keys)
         names = [n for n in later if n.startswith(typed)]
-        if undeclared and typed not in node.get("properties", {}):
-            names.append(typed)
+        if undeclared:  # itself, or extended where it would repeat a name (a repeated key)
+            taken = {*f.keys, *node.get("properties", {})}
+            fresh = (typed + s for s in itertools.chain([""], map(str, itertools.count())))
+            names.append(next(n for n in fresh if n not in taken))
         best = None
         for name in names:
             value = c.shortest(c.child(node, name))
@@ -330,8 +359,8 @@ def _finish_leaf(f: _Frame, node: Schema, closer: JsonCloser) -> str | None:
         return None
     head, text = "", f.text
     if f.escape:
-        head = "n" if f.escape == "\\" else "0" * (6 - len(f.escape))
-        if not _good(f.escape + head):
+        head = _finish_escape(f.escape)
+        if head is None:
             return None
         text += json.loads('"' + f.escape + head + '"')
     if not isinstance(node, dict):
@@ -343,6 +372,28 @@ def _finish_leaf(f: _Frame, node: Schema, closer: JsonCloser) -> str | None:
     else:
         rest = complete_string(node, text)
     return None if rest is None else head + json.dumps(rest, ensure_ascii=False)[1:]
+
+
+def _holds(f: _Frame, node: Schema) -> bool:
+    """Whether the complete value of frame `f` may be valid under branch `node` (its type was
+    checked when it opened; keywords not looked at here count as satisfied)."""
+    if not isinstance(node, dict):
+        return node is not False
+    if f.kind == "scalar":
+        try:
+            return number_ok(node, json.loads(f.text))
+        except ValueError:
+            return False
+    if f.kind == "string":
+        if "const" in node or "enum" in node:
+            return f.text in ([node["const"]] if "const" in node else node["enum"])
+        rest = complete_string(node, f.text)
+        return rest in (None, "") and len(f.text) <= node.get("maxLength", len(f.text))
+    n = len(f.keys) if f.kind == "object" else f.count
+    if f.kind == "object" and not set(node.get("required", ())) <= set(f.keys):
+        return False
+    kind = "Properties" if f.kind == "object" else "Items"
+    return node.get("min" + kind, 0) <= n <= node.get("max" + kind, n)
 
 
 def _admits_type(node: Schema, kind: str) -> bool:
@@ -361,6 +412,19 @@ def _admits_type(node: Schema, kind: str) -> bool:
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def _finish_escape(e: str) -> str | None:
+    """The shortest rest of the escape sequence `e` that makes it one character (a high
+    surrogate gets a low one after it)."""
+    if e == "\\":
+        return "n"
+    if len(e) < 6:
+        head = "0" * (6 - len(e))
+        return head + "\\udc00" if _HIGH.fullmatch(e + head) else head if _good(e + head) else None
+    low = "\\udc00"
+    head = low[len(e) - 6 :] if low.startswith(e[6:]) else "0" * (12 - len(e))
+    return head if _good(e + head) else None
 
 
 def _good(escape: str) -> bool:

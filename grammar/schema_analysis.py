@@ -20,12 +20,16 @@ read-only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
+from corral.grammar import rewrite_log as log
 from corral.grammar.distinct_keys import dead_end_risk
 from corral.grammar.errors import ConstraintError, Unenforced
 from corral.grammar.input_checks import check_document, nesting_error
+from corral.grammar.rewrite_log import Rewritten
 from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
 from corral.grammar.schema_disjoint import DisjointProver
 from corral.grammar.schema_facts import (
@@ -62,6 +66,17 @@ class SchemaPlan:
     #: outputs must not repeat a key within an object (`distinct_keys`): `minProperties` over
     #: free-form keys counts on it
     distinct_keys: bool = False
+    #: the keyword rewrites applied, in the order of the walk (`rewrite_log`)
+    rewrites: tuple[Rewritten, ...] = ()
+    #: id(analysed object node) -> (the node, its pointer in the input); see `pointer_of`
+    pointers: Mapping[int, tuple[dict, str]] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False, compare=False
+    )
+
+    def pointer_of(self, node: Any) -> str | None:
+        """The input pointer of an object node of `schema` (None: a node the rewrites built)."""
+        found = self.pointers.get(id(node))
+        return found[1] if found is not None and found[0] is node else None
 
     def judged_schema(self) -> dict | bool:
         """`schema` with each regex back in Python's dialect, for `jsonschema` to judge.
@@ -113,7 +128,9 @@ class _Analyzer:
         self._alternatives: dict = {}  # memo of schema_size.alternatives
         #: id(rewritten conjunct) -> how to name it in a size refusal
         self.describe: dict[int, str] = {}
-        self.patterns = PatternTable(self.refuse)
+        self.rewritten: list[Rewritten] = []
+        self._pointers: dict[int, tuple[dict, str]] = {}
+        self.patterns = PatternTable(self.refuse, self.record)
         self.negator = Negator(self.lookup, self.tick, self.patterns.complement)
         self.prover = DisjointProver(self.lookup, self.tick, self.patterns.exact_source)
         self.rewrites = KeywordRewrites(self)
@@ -128,9 +145,15 @@ class _Analyzer:
                 if isinstance(out, dict)
                 else {"$defs": self.defs, "allOf": [out]}
             )
+            self._pointers[id(out)] = (out, "")
         distinct = bool(self._counted) and self._distinct_keys(out)
         return SchemaPlan(
-            out, tuple(self.unenforced), tuple(self.patterns.python_source.items()), distinct
+            out,
+            tuple(self.unenforced),
+            tuple(self.patterns.python_source.items()),
+            distinct,
+            tuple(self.rewritten),
+            MappingProxyType(self._pointers),
         )
 
     # -- services used by the rewrites -------------------------------------------------------
@@ -156,6 +179,11 @@ class _Analyzer:
         if not self.lenient:
             raise ConstraintError(reason, pointer, keyword)
         self.unenforced.append(Unenforced(pointer, keyword, reason))
+
+    def record(self, pointer: str, keyword: str, rewrite: str) -> None:
+        """Note a rewrite applied to `keyword` at `pointer` (a `rewrite_log` name) for the
+        receipt; only where what is compiled differs from the keyword as written."""
+        self.rewritten.append(Rewritten(pointer, keyword, rewrite))
 
     def negate(
         self,
@@ -200,6 +228,7 @@ class _Analyzer:
         if isinstance(s.get("$id", s.get("id")), str):
             scope = self.refs.enter(s, scope)
         out: dict = {}
+        self._pointers[id(out)] = (out, pointer)
         extra: list = []
         origin: list[str] = []  # the keyword each conjunct in `extra` was rewritten from
         for key, value in s.items():
@@ -218,6 +247,7 @@ class _Analyzer:
             out["allOf"] = conjuncts
             folded = fold_finite(out, self.lookup, self.defs, self.patterns.judge_sources())
             if folded is not None:
+                self.record(pointer, origin[0].split("/")[0], log.FOLDED_ENUM)
                 return {"enum": folded} if folded else False
         while conjuncts:
             out["allOf"] = conjuncts
@@ -243,6 +273,8 @@ class _Analyzer:
         every `minProperties` that needed it is refused (lenient: dropped)."""
         risk = dead_end_risk(schema) if self.check_keys else "the output is not JSON alone"
         if risk is None:
+            for _, pointer in self._counted:
+                self.record(f"{pointer}/minProperties", "minProperties", log.DISTINCT_KEYS)
             return True
         for node, pointer in self._counted:
             self.refuse(
@@ -326,6 +358,7 @@ class _Analyzer:
         self, key: str, value: Any, s: dict, where: str, scope: Any, out: dict
     ) -> None:
         if key == "items" and isinstance(value, list):  # drafts before 2020-12: a tuple
+            self.record(where, key, log.ITEMS_TUPLE)
             out["prefixItems"] = [self.node(v, f"{where}/{i}", scope) for i, v in enumerate(value)]
             if "additionalItems" in s:
                 out["items"] = self.node(
@@ -363,3 +396,4 @@ class _Analyzer:
         elif constraint:
             regex = self.patterns.translate(constraint["pattern"], where, "format", exact=False)
             extra.append({**constraint, "pattern": regex})
+            self.record(where, "format", log.FORMAT_PATTERN)

@@ -113,7 +113,9 @@ def _close(schema: dict) -> dict:
         bodies[r] = _Closer(uses[r]).close(schema[kind][name])
     closable = set(refs)
     while True:
-        plain = sum((uses[r] for r in closable), root_uses)
+        plain = Counter(root_uses)  # (one update per definition: `sum` copies every time)
+        for r in closable:
+            plain.update(uses[r])
         keep = {r for r in closable if plain[r] == refs[r]}
         if keep == closable:
             break

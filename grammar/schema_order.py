@@ -14,47 +14,60 @@ that check never leaves a dead end (``distinct_keys.dead_end_risk``).
 With every declared property required, llguidance also enforces ``minProperties`` and
 ``maxProperties`` over the pattern keys, which it refuses next to optional declared properties.
 
-Where it is not made: objects with a required key declared after an optional one (the backend
-lays required keys out first, so the declared order would be lost) or not declared at all, with
+Required keys come first, in each order ``schema_permute`` lays out before this rewrite (it
+keeps the declared order as one layout: a required key declared after an optional one stays
+there). Where it is not made: such a layout, objects with a required key not declared, with
 their own ``patternProperties`` (the backend wants pattern keys disjoint; ``^p$`` overlapping
 one would be refused) or ``unevaluatedProperties``; `anyOf`/`oneOf` branches merged with their
-holder's object keywords, and the holder itself; any schema using ``allOf`` or ``$ref`` next to
-other keywords (the backend merges those, and would meet ``^p$`` next to a declared ``p``).
+holder's object keywords, and the holder itself; anything inside an ``allOf`` or a ``$ref`` next
+to other keywords, or in a definition referenced from there (the backend merges those, and
+would meet ``^p$`` next to a declared ``p``).
 Nor anywhere when some object elsewhere could run out of new keys: the key check applies to the
 whole output (``dead_end_risk``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from corral.grammar.distinct_keys import dead_end_risk
 from corral.grammar.regex_translate import literal_regex
+from corral.grammar.schema_permute import merged_definitions, permute_required
 
-#: The most properties freed in one schema: llguidance's compile grows fast with the number of
+#: The most properties freed in one object: llguidance's compile grows fast with the number of
 #: pattern properties (Llama-3, one object of optional strings: 64 in 0.03 s, 128 in 3 s, 800
 #: past a minute), so past this the declared order stays.
 MAX_FREED = 64
 
 
-def backend_layout(schema: Any, distinct_keys: bool) -> tuple[Any, bool]:
-    """The analysed ``schema`` as handed to the backend, and whether its matcher must refuse
+def backend_layout(schema: Any, distinct_keys: bool) -> tuple[Any, bool, list[dict]]:
+    """The analysed ``schema`` as handed to the backend, whether its matcher must refuse
     repeated keys: ``distinct_keys`` (the analysis needs it), or because optional properties
-    were freed here (only where that check leaves no dead end)."""
-    freed = free_order(schema)
+    were freed here (only where that check leaves no dead end), and the object nodes of
+    ``schema`` whose optional properties were freed. Required keys first get every order
+    (``schema_permute``); its layouts stand for the object they copy."""
+    copied: dict[int, dict] = {}
+    schema = permute_required(schema, copied)
+    changed: list[tuple[dict, str]] = []
+    freed = free_order(schema, changed)
     if freed is None or (not distinct_keys and dead_end_risk(schema) is not None):
-        return schema, distinct_keys
-    return freed, True
+        return schema, distinct_keys, []
+    nodes = [copied.get(id(node), node) for node, _ in changed]
+    return freed, True, list({id(node): node for node in nodes}.values())
 
 
-def free_order(schema: Any) -> Any | None:
+def free_order(schema: Any, changed: list[tuple[dict, str]] | None = None) -> Any | None:
     """``schema`` with optional properties of open objects made pattern properties; None when
-    nothing changes."""
-    if _has_merges(schema):
-        return None
-    changed: list[str] = []
-    out = _rewrite(schema, changed, {})
-    return out if 0 < len(changed) <= MAX_FREED else None
+    nothing changes. ``changed`` collects (object node of ``schema``, property name) freed."""
+    changed = [] if changed is None else changed
+    frozen: set[str] = set()
+    if isinstance(schema, dict):
+        defs = schema.get("$defs")
+        frozen = merged_definitions(schema, defs if isinstance(defs, dict) else {}, _merges)
+    out = _rewrite(schema, changed, {}, frozen="" in frozen, frozen_defs=frozen)
+    per_object = Counter(id(node) for node, _ in changed).values()
+    return out if changed and max(per_object) <= MAX_FREED else None
 
 
 _SCHEMA_MAPS = frozenset(("properties", "patternProperties", "$defs", "dependentSchemas"))
@@ -72,19 +85,10 @@ def _subschemas(node: dict):
             yield key, value
 
 
-def _has_merges(schema: Any) -> bool:
-    """Whether the backend merges some node with another: `allOf`, or `$ref` next to siblings."""
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            if "allOf" in node or ("$ref" in node and len(node) > 1):
-                return True
-            for key, value in _subschemas(node):
-                stack.extend(value.values() if key in _SCHEMA_MAPS else [value])
-    return False
+def _merges(node: dict) -> bool:
+    """Whether the backend merges this node's subschemas with each other: ``allOf``, or
+    ``$ref`` next to siblings."""
+    return "allOf" in node or ("$ref" in node and len(node) > 1)
 
 
 _OBJECT_KEYS = frozenset(
@@ -93,24 +97,43 @@ _OBJECT_KEYS = frozenset(
 )
 
 
-def _rewrite(node: Any, changed: list[str], memo: dict, merged: bool = False) -> Any:
+def _rewrite(
+    node: Any,
+    changed: list[tuple[dict, str]],
+    memo: dict,
+    merged: bool = False,
+    frozen: bool = False,
+    frozen_defs: frozenset[str] | set[str] = frozenset(),
+) -> Any:
     """Copy-on-write: analysed schemas share subtrees, so each is rewritten once (``memo``).
     ``merged``: the node is an `anyOf` branch the backend merges with its holder's object
-    keywords; it is left as it is (its keys may be declared next to it)."""
+    keywords; it is left as it is (its keys may be declared next to it). ``frozen``: the node
+    is inside an ``allOf`` or a ``$ref`` with siblings, or a definition one may reach
+    (``frozen_defs``): nothing under it changes (the merge would meet ``^p$`` next to ``p``)."""
     if isinstance(node, list):
-        return [_rewrite(v, changed, memo, merged) for v in node]
+        return [_rewrite(v, changed, memo, merged, frozen, frozen_defs) for v in node]
     if not isinstance(node, dict):
         return node
-    if (id(node), merged) in memo:
-        return memo[id(node), merged]
+    entry = (id(node), merged, frozen)
+    if entry in memo:
+        return memo[entry]
     out = dict(node)
+    frozen = frozen or _merges(node)
     for key, value in _subschemas(node):
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {k: _rewrite(v, changed, memo) for k, v in value.items()}
+        if key == "$defs" and isinstance(value, dict):
+            out[key] = {
+                k: _rewrite(v, changed, memo, False, k in frozen_defs, frozen_defs)
+                for k, v in value.items()
+            }
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {
+                k: _rewrite(v, changed, memo, False, frozen, frozen_defs) for k, v in value.items()
+            }
         else:
             inner = key in ("anyOf", "oneOf") and not _OBJECT_KEYS.isdisjoint(node)
-            out[key] = _rewrite(value, changed, memo, inner)
-    if not merged and "anyOf" not in out and "oneOf" not in out and _open_with_optional(out):
+            out[key] = _rewrite(value, changed, memo, inner, frozen, frozen_defs)
+    free = not merged and not frozen and "anyOf" not in out and "oneOf" not in out
+    if free and _open_with_optional(out):
         required = set(out.get("required", ()))
         props = out["properties"]
         out["properties"] = {k: v for k, v in props.items() if k in required}
@@ -118,9 +141,9 @@ def _rewrite(node: Any, changed: list[str], memo: dict, merged: bool = False) ->
         for name, sub in props.items():
             if name not in required:
                 patterns[f"^{literal_regex(name)}$"] = sub
-                changed.append(name)
+                changed.append((node, name))
         out["patternProperties"] = patterns
-    memo[id(node), merged] = out
+    memo[entry] = out
     return out
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from corral.grammar.errors import ConstraintError
 from corral.grammar.regex_algebra import complement, regular
 from corral.grammar.regex_translate import translate_regex
+from corral.grammar.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED
 from corral.grammar.schema_facts import escape_pointer
 from corral.grammar.schema_negate import NotExpressible
 
@@ -44,11 +45,13 @@ _DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
 
 @dataclass(frozen=True)
 class Translation:
-    """The backend regex of a pattern, or why there is none (`invalid`: not a regex at all)."""
+    """The backend regex of a pattern, or why there is none (`invalid`: not a regex at all);
+    `rewrite` names what the translation changed beyond the dialect (`rewrite_log`)."""
 
     regex: str = ""
     refusal: str = ""
     invalid: bool = False
+    rewrite: str = ""
 
 
 @lru_cache(maxsize=8192)
@@ -63,7 +66,8 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
         try:
             narrowed = translate_regex(pattern)
             if not exact:
-                return Translation(narrowed)
+                shorthands = exact_shorthands(pattern) != pattern
+                return Translation(narrowed, rewrite=PATTERN_NARROWED if shorthands else "")
             source = exact_shorthands(pattern)
             return Translation(narrowed if source == pattern else translate_regex(source))
         except ConstraintError as e:
@@ -72,14 +76,17 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
             written = None if exact else regular(pattern)
             if written is None or written.empty:
                 return Translation(refusal=e.reason)
-            return Translation(written.backend)
+            return Translation(written.backend, rewrite=PATTERN_LOOKAROUND)
 
 
 class PatternTable:
     """The backend regexes of one analysis and the Python patterns they were translated from."""
 
-    def __init__(self, refuse: Callable[[str, str, str], None]) -> None:
+    def __init__(
+        self, refuse: Callable[[str, str, str], None], record: Callable[[str, str, str], None]
+    ) -> None:
         self._refuse = refuse
+        self._record = record  # (pointer, keyword, rewrite) of a translation that changed more
         #: backend regex -> its Python source (to judge the output with `jsonschema`)
         self.python_source: dict[str, str] = {}
         #: exact backend regex -> its Python source (same language: to match keys in Python)
@@ -98,6 +105,8 @@ class PatternTable:
         if t.refusal:
             self._refuse(where, keyword, t.refusal)
             return None
+        if t.rewrite:
+            self._record(where, keyword, t.rewrite)
         if self.python_source.setdefault(t.regex, pattern) != pattern:
             self._ambiguous.add(t.regex)
         if exact:

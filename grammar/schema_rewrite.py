@@ -27,6 +27,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from corral.grammar import rewrite_log as log
 from corral.grammar.errors import ConstraintError
 from corral.grammar.schema_facts import (
     ALL_TYPES,
@@ -68,9 +69,12 @@ class KeywordRewrites:
         """Rewrite keyword `key` of node `s`; results go to `out` or, as conjuncts, to `extra`."""
         if key == "not" and isinstance(value, dict) and _only_key(value, "not"):
             extra.append(self.a.node(value["not"], f"{where}/not", scope))  # not not X == X
+            self.a.record(where, key, log.NOT_NOT)
         elif key == "not":
             sub = self.a.node(value, where, scope)
             neg = self.a.negate(sub, where, "not", _within(s), _closed_context(s))
+            if neg is not None:
+                self.a.record(where, key, log.NOT_FOLDED)
             if neg is not None and neg is not True:
                 extra.append(neg)
         elif key == "oneOf":
@@ -104,6 +108,7 @@ class KeywordRewrites:
         live = [b for b in branches if b is not False]
         if len(live) <= 1:
             extra.append(live[0] if live else False)
+            self.a.record(where, "oneOf", log.ONE_OF_SINGLE if live else log.ONE_OF_FALSE)
             return
         prover, within = self.a.prover, _within(s)
         # a type that two branches accept wholesale never satisfies exactly one branch
@@ -112,6 +117,7 @@ class KeywordRewrites:
         types = frozenset(t for t in within - shared if not (t == "integer" and "number" in shared))
         if not types:
             extra.append(False)
+            self.a.record(where, "oneOf", log.ONE_OF_FALSE)
             return
         overlaps = {
             (i, j)
@@ -121,6 +127,7 @@ class KeywordRewrites:
         restrict = {"type": sorted(types)} if types != within else {}
         if not overlaps:
             extra.append({**restrict, "anyOf": live})
+            self.a.record(where, "oneOf", log.ONE_OF_DISJOINT)
             return
         within = types
         options = []
@@ -139,6 +146,7 @@ class KeywordRewrites:
         overlapping = len({k for pair in overlaps for k in pair})
         self.a.describe[id(item)] = f"oneOf with {overlapping} overlapping branches"
         extra.append(item)
+        self.a.record(where, "oneOf", log.ONE_OF_NEGATED)
 
     # -- if / then / else ------------------------------------------------------------------------
     def _conditional(self, s: dict, where: str, scope: Any, extra: list) -> None:
@@ -150,20 +158,20 @@ class KeywordRewrites:
             return
         if then is True:  # (I and True) or (not I and E)  ==  I or E
             extra.append({"anyOf": [cond, other]})
+        elif (neg := self.a.negate(cond, where, "if")) is None:
             return
-        neg = self.a.negate(cond, where, "if")
-        if neg is None:
-            return
-        if other is True:
+        elif other is True:
             extra.append({"anyOf": [neg, then]})
         else:
             extra.append({"anyOf": [{"allOf": [cond, then]}, {"allOf": [neg, other]}]})
+        self.a.record(where, "if", log.IF_ANY_OF)
 
     # -- dependencies ----------------------------------------------------------------------------
     def _dependencies(self, value: Any, s: dict, where: str, scope: Any, extra: list) -> None:
         if not isinstance(value, dict):
             raise ConstraintError("must be an object", where, where.rsplit("/", 1)[-1])
         required = set(s.get("required", ())) if isinstance(s.get("required"), list) else set()
+        before = len(extra)
         for name, dep in value.items():
             if isinstance(dep, list):
                 if not all(isinstance(d, str) for d in dep):
@@ -180,6 +188,8 @@ class KeywordRewrites:
             else:
                 present = {"required": [name], "allOf": [then]}
                 extra.append({"anyOf": [{"properties": {name: False}}, present]})
+        if len(extra) > before:
+            self.a.record(where, where.rsplit("/", 1)[-1], log.DEPENDENCIES_ANY_OF)
 
     # -- propertyNames ---------------------------------------------------------------------------
     def _property_names(self, s: dict, where: str, out: dict, extra: list) -> None:
@@ -210,6 +220,8 @@ class KeywordRewrites:
             out["additionalProperties"] = False
         elif not (out.get("additionalProperties") is False and not out.get("patternProperties")):
             self.a.refuse(where, "propertyNames", "this 'propertyNames' cannot be enforced exactly")
+            return
+        self.a.record(where, "propertyNames", log.PROPERTY_NAMES_KEYS)
 
     def _close_keys(self, out: dict, allowed: list[str]) -> None:
         """Allow exactly the keys `allowed` (plus none other), keeping each key's value schema."""
@@ -227,6 +239,7 @@ class KeywordRewrites:
     # -- uniqueItems -----------------------------------------------------------------------------
     def _unique_items(self, where: str, out: dict, extra: list) -> None:
         if out.get("maxItems", 2) <= 1:
+            self.a.record(where, "uniqueItems", log.UNIQUE_ITEMS_DROPPED)
             return
         items = out.get("items", True)
         arrangements = None
@@ -254,11 +267,13 @@ class KeywordRewrites:
             return
         others = sorted(ALL_TYPES - {"array"})
         extra.append({"anyOf": [{"type": others}, {"enum": arrangements}]})
+        self.a.record(where, "uniqueItems", log.UNIQUE_ITEMS_ENUM)
 
     # -- unevaluated* ------------------------------------------------------------------------------
     def _unevaluated(self, key: str, partner: str, s: dict, where: str, out: dict) -> None:
         if _APPLICATORS.isdisjoint(s) and partner not in s:
             out[partner] = self.a.node(s[key], where, None)
+            self.a.record(where, key, log.UNEVALUATED[key])
             return
         self.a.refuse(where, key, f"'{key}' next to applicators is not supported")
 

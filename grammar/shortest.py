@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import interegular
 
+from corral.grammar.schema_merge import merge
+
 if TYPE_CHECKING:
     from corral.grammar.partial_json import PartialJson
 
@@ -42,6 +44,9 @@ _FORMATS = {
     "uri-reference": "",
 }
 _ANY: dict = {}  # the schema `true`: shared, never mutated
+_APPLICATORS = frozenset(("allOf", "anyOf", "oneOf"))
+#: The most alternatives one schema node is expanded into (`allOf` of `anyOf`s multiply).
+MAX_BRANCHES = 64
 
 
 class JsonCloser:
@@ -76,7 +81,7 @@ class JsonCloser:
     # ---- schema navigation -------------------------------------------------------------------
 
     def resolve(self, node: Schema) -> Schema:
-        """`node` with a local `$ref` followed and `allOf` merged shallowly."""
+        """`node` with a local `$ref` followed (its siblings kept as an `allOf` beside it)."""
         if id(node) not in self._resolved:
             self._resolved[id(node)] = (node, self._resolve(node))
         return self._resolved[id(node)][1]
@@ -90,26 +95,12 @@ class JsonCloser:
                 part = part.replace("~1", "/").replace("~0", "~")
                 target = target[int(part)] if isinstance(target, list) else target.get(part, {})
             rest = {k: v for k, v in node.items() if k != "$ref"}
-            node = {**target, **rest} if isinstance(target, dict) and rest else target
-        if isinstance(node, dict) and "allOf" in node:
-            merged = {k: v for k, v in node.items() if k != "allOf"}
-            for part in node["allOf"]:
-                part = self.resolve(part)
-                if part is False:
-                    return False
-                if isinstance(part, dict):
-                    for k, v in part.items():
-                        if k == "properties":
-                            merged["properties"] = {**merged.get("properties", {}), **v}
-                        elif k == "required":
-                            merged["required"] = [*merged.get("required", []), *v]
-                        else:
-                            merged.setdefault(k, v)
-            return merged
+            node = {"allOf": [target, rest]} if isinstance(target, dict) and rest else target
         return node
 
     def branches(self, node: Schema) -> list[Schema]:
-        """The alternatives `node` stands for (`anyOf` / `oneOf` flattened; true as {})."""
+        """The alternatives `node` stands for, each a plain schema (no `allOf` / `anyOf` /
+        `oneOf` at its top; true as {}): the disjunctive normal form, `allOf` parts merged."""
         if id(node) not in self._branches:
             self._branches[id(node)] = (node, self._flatten(node))
         return self._branches[id(node)][1]
@@ -118,17 +109,20 @@ class JsonCloser:
         node = self.resolve(node)
         if node is True:
             return [_ANY]
-        if isinstance(node, dict):
-            alts = node.get("anyOf") or node.get("oneOf")
-            if alts:
-                base = {k: v for k, v in node.items() if k not in ("anyOf", "oneOf")}
-                out: list[Schema] = []
-                for alt in alts:
-                    alt = self.resolve(alt)
-                    merged = {**base, **alt} if base and isinstance(alt, dict) else alt
-                    out.extend(self.branches(merged) if base or alt is not merged else [alt])
-                return out
-        return [node]
+        if not isinstance(node, dict) or not node.keys() & _APPLICATORS:
+            return [node]
+        out: list[Schema] = [{k: v for k, v in node.items() if k not in _APPLICATORS}]
+        factors = [self.branches(part) for part in node.get("allOf", ())]
+        factors += [
+            [b for alt in node[key] for b in self.branches(alt)]
+            for key in ("anyOf", "oneOf")
+            if node.get(key)
+        ]
+        for alts in factors:
+            merged = (merge(a, b) for a in out for b in alts)
+            # a bound on the product: a closing is looked for among these branches only
+            out = [m for m in merged if m is not False][:MAX_BRANCHES]
+        return out or [False]
 
     def child(self, node: Schema, key: str | int) -> Schema:
         """The schema of property `key` (str) or item `key` (int) of a value under `node`."""

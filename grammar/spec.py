@@ -14,7 +14,14 @@ from functools import cached_property
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
-from corral.grammar.input_checks import check_document, check_text, nesting_error
+from corral.grammar.input_checks import (
+    MAX_NESTING_DEPTH,
+    check_document,
+    check_text,
+    data_depth,
+    is_valid_text,
+    nesting_error,
+)
 from corral.grammar.structural_tag import StructuralTag, parse_structural_tag
 
 #: Bumped whenever the meaning of a spec's fields (and so of its digest) changes.
@@ -148,13 +155,19 @@ class ConstraintSpec:
                 raise ConstraintError(f"the schema is not valid JSON: {e}") from e
         if not isinstance(schema, dict | bool):
             raise ConstraintError("a JSON schema must be an object or a boolean")
-        check_document(schema)
+        # One walk for the common case: the canonical form bounds the depth as it goes, and the
+        # text shows any lone surrogate. Only a refused schema pays for the precise checks,
+        # which raise the same error, with the same pointer, in the same order as always.
         try:
-            source = json.dumps(
-                _canonical(schema), ensure_ascii=False, separators=(",", ":"), allow_nan=False
-            )
+            source, failed = _canonical_text(schema), None
+        except _TooDeep:
+            source, failed = None, None
         except (TypeError, ValueError) as e:
-            raise ConstraintError(f"the schema cannot be serialised as JSON: {e}") from e
+            source, failed = None, e
+        if source is None or not is_valid_text(source):
+            check_document(schema)  # raises for nesting or a lone surrogate
+        if failed is not None:
+            raise ConstraintError(f"the schema cannot be serialised as JSON: {failed}") from failed
         return cls(ConstraintKind.JSON_SCHEMA, source, strict, json_format or JsonFormat())
 
     @classmethod
@@ -229,23 +242,49 @@ def _refuse_constant(name: str) -> None:
 
 # Keywords whose values are JSON data, not schemas: left exactly as given.
 _DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+_CONTAINERS = (dict, list)
 
 
-def _canonical(node: Any) -> Any:
+class _TooDeep(Exception):
+    """A container deeper than ``MAX_NESTING_DEPTH``: ``check_document`` words the refusal."""
+
+
+def _canonical_text(schema: Any) -> str:
+    """The canonical text of a schema (see :func:`_canonical`); raises _TooDeep, or the
+    TypeError / ValueError of something that is not JSON."""
+    return json.dumps(
+        _canonical(schema), ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    )
+
+
+def _canonical(node: Any, depth: int = 1) -> Any:
     """Sort schema keywords, so keyword order does not split the cache, but keep the member order
     of ``properties``: the backends lay out object properties in the order the schema declares
-    them, so that order is part of the constraint."""
+    them, so that order is part of the constraint.
+
+    ``depth`` is the node's JSON level, counted as ``check_document`` counts it: a container
+    deeper than ``MAX_NESTING_DEPTH`` raises _TooDeep before the recursion goes any further."""
     if isinstance(node, list):
-        return [_canonical(x) for x in node]
+        if depth > MAX_NESTING_DEPTH:
+            raise _TooDeep
+        return [_canonical(x, depth + 1) if isinstance(x, _CONTAINERS) else x for x in node]
     if not isinstance(node, dict):
         return node
+    if depth > MAX_NESTING_DEPTH:
+        raise _TooDeep
     out = {}
     for key in sorted(node):
         value = node[key]
-        if key in _DATA_KEYWORDS:
+        if not isinstance(value, _CONTAINERS):  # a scalar is its own canonical form
+            out[key] = value
+        elif key in _DATA_KEYWORDS:
+            if data_depth(value) + depth > MAX_NESTING_DEPTH:
+                raise _TooDeep
             out[key] = value
         elif key == "properties" and isinstance(value, dict):
-            out[key] = {name: _canonical(sub) for name, sub in value.items()}
+            if depth + 1 > MAX_NESTING_DEPTH:
+                raise _TooDeep
+            out[key] = {name: _canonical(sub, depth + 2) for name, sub in value.items()}
         else:
-            out[key] = _canonical(value)
+            out[key] = _canonical(value, depth + 1)
     return out

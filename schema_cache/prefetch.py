@@ -14,17 +14,25 @@ the request that comes later is a memory hit.
   any other is ``prefetch_foreign``, never fetched.
 * **Single flight**: a load leads its entry's flight like a request's miss, so a request that
   arrives meanwhile waits for it rather than loading the entry again (``service``).
+* **Ready to use**: a loaded entry is made ready (:func:`make_ready`) before it is served, to
+  requests that joined the load too: warmed the way a compile leaves it, and with what the
+  server prepares per constraint besides (the budget closer of a JSON schema: ``service``'s
+  ``prepare``) built from the constraint published with the entry (:func:`spec_bytes`).
 * **Redis down**: the listener stops with the circuit open, and listens again once Redis
   answers. Entries announced meanwhile are not replayed: a request fetches them as before.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 from collections.abc import Callable
 
+from corral.grammar import CompiledConstraint, ConstraintSpec, TokenizerInfo
+from corral.grammar.probe import probe
+from corral.grammar.spec import ConstraintKind, JsonFormat
 from corral.schema_cache.redis_store import RedisStore
 from corral.schema_cache.stats import CacheStats
 
@@ -88,3 +96,63 @@ class Prefetcher:
                 self._load(*item)
             except Exception:  # a bug: report it, go on with the next announcement
                 log.exception("prefetch of compiled constraint %s failed", item[0])
+
+
+def make_ready(
+    compiled: CompiledConstraint,
+    key: str,
+    tok: TokenizerInfo,
+    store: RedisStore,
+    prepare: Callable[[ConstraintSpec], object] | None,
+) -> None:
+    """Build what the first request for a loaded entry would otherwise build on its way:
+
+    * the matcher's parts (the distinct-keys token index, once per tokenizer) and the lexer
+      states of its first positions, which llguidance builds lazily and shares with every later
+      copy of the prototype. A compile leaves them behind (its probe walks those positions); an
+      entry loaded from bytes has none. The probe's verdict is not needed: the replica that
+      compiled the entry probed it.
+    * ``prepare(spec)`` (the API's budget closer, tens of milliseconds for a large schema), on
+      the constraint published beside the entry, if it is there and is the entry's own.
+    """
+    cursor = compiled.matcher().native_cursor()  # None: xgrammar, which builds nothing lazily
+    if cursor is not None:
+        probe(cursor, tok)
+    if prepare is not None:
+        spec = spec_from_bytes(store.spec(key), compiled.spec_digest)
+        if spec is not None:
+            prepare(spec)
+
+
+def spec_bytes(spec: ConstraintSpec) -> bytes:
+    """``spec`` as JSON, published beside its entry for the replicas that prefetch it."""
+    f = spec.json_format
+    return json.dumps(
+        {
+            "kind": str(spec.kind),
+            "source": spec.source,
+            "strict": spec.strict,
+            "json_format": [f.item_separator, f.key_separator, f.flexible, f.max_whitespace],
+            "reasoning": list(spec.reasoning) if spec.reasoning is not None else None,
+        }
+    ).encode()
+
+
+def spec_from_bytes(data: bytes | None, spec_digest: str) -> ConstraintSpec | None:
+    """The spec :func:`spec_bytes` wrote, or None when there is none, it does not parse, or it
+    is not the constraint announced (another digest)."""
+    if data is None:
+        return None
+    try:
+        d = json.loads(data)
+        reasoning = d["reasoning"]
+        spec = ConstraintSpec(
+            ConstraintKind(d["kind"]),
+            d["source"],
+            d["strict"] is True,
+            JsonFormat(*d["json_format"]),
+            (reasoning[0], reasoning[1]) if reasoning is not None else None,
+        )
+    except (ValueError, KeyError, TypeError, IndexError):  # ConstraintError is a ValueError
+        return None
+    return spec if spec.digest == spec_digest else None

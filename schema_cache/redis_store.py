@@ -18,7 +18,10 @@ block the fleet either).
 Announcements. Publishing an entry also announces it, in the same step, on the channel
 ``corral:cc:announce`` (``ANNOUNCE``): the message is ``<key> <spec digest> <sender>``, so
 that other replicas can load it before anyone asks them for it (``prefetch``). :meth:`listen`
-hands them the announcements of every replica but their own.
+hands them the announcements of every replica but their own. The constraint itself is stored
+beside the entry, under ``corral:spec:<key>`` (``SPEC_PREFIX``, :meth:`spec`), for what a
+replica prepares per constraint besides the compiled form; the prefetcher checks it against the
+announced digest.
 
 Redis bounds its own size (``maxmemory`` with ``allkeys-lru``): entries carry no expiry.
 
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "corral:cc:"
 ANNOUNCE = PREFIX + "announce"  # the channel on which new entries are announced
+SPEC_PREFIX = "corral:spec:"  # an entry's constraint, beside it (not an entry: another prefix)
 _LISTEN_POLL_S = 0.5  # how often a listener looks up from the channel (to see it should stop)
 _FIRST_POLL_S = 0.005  # a waiter polls this soon first (most compiles take milliseconds) ...
 _MAX_POLL_S = 0.1  # ... then backs off to this
@@ -67,12 +71,13 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-# KEYS: entry, lock; ARGV: token ('' for none), entry bytes, channel, announcement. The lock
-# goes first: a SET that Redis refuses (full, with no eviction) must not leave waiters waiting
-# for it; the announcement last, once the entry is there to fetch.
+# KEYS: entry, lock, spec; ARGV: token ('' for none), entry bytes, channel, announcement, spec
+# ('' for none). The lock goes first: a SET that Redis refuses (full, with no eviction) must not
+# leave waiters waiting for it; the announcement last, once the entry is there to fetch.
 _PUBLISH = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 redis.call('SET', KEYS[1], ARGV[2])
+if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5]) end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
@@ -178,21 +183,29 @@ class RedisStore:
             time.sleep(pause)
             pause = min(pause * 2, _MAX_POLL_S)
 
-    def publish(self, key: str, data: bytes, lease: Lease | None, spec_digest: str) -> None:
-        """Store the entry and, in the same step, release ``lease`` (when it is still ours) and
-        announce the entry (compiled for ``spec_digest``) to the other replicas."""
+    def publish(
+        self, key: str, data: bytes, lease: Lease | None, spec_digest: str, spec: bytes = b""
+    ) -> None:
+        """Store the entry (and ``spec``, the constraint it was compiled from, when given) and,
+        in the same step, release ``lease`` (when it is still ours) and announce the entry
+        (compiled for ``spec_digest``) to the other replicas."""
         if lease is not None:
             self._forget(lease)
         token = lease.token if lease is not None else ""
-        keys = [PREFIX + key, PREFIX + key + ":lock"]
+        keys = [PREFIX + key, PREFIX + key + ":lock", SPEC_PREFIX + key]
         note = f"{key} {spec_digest} {self.sender}"
-        done = self._run(self._publish, keys=keys, args=[token, data, ANNOUNCE, note])
+        args = [token, data, ANNOUNCE, note, spec]
+        done = self._run(self._publish, keys=keys, args=args)
         if done is not None:
             self._stats.inc("redis_writes")
 
     def get(self, key: str) -> bytes | None:
         """The entry's bytes, or None (no such entry, or Redis down)."""
         return self._run(self._client.get, PREFIX + key)
+
+    def spec(self, key: str) -> bytes | None:
+        """The constraint published with the entry, or None (none, evicted, or Redis down)."""
+        return self._run(self._client.get, SPEC_PREFIX + key)
 
     def listen(self, handle: Callable[[str, str], None], stopped: threading.Event) -> None:
         """Call ``handle(key, spec_digest)`` for each entry another replica announces, until
@@ -227,7 +240,7 @@ class RedisStore:
 
     def discard(self, key: str) -> None:
         """Delete an entry found corrupt or foreign, so that the next claim recompiles it."""
-        self._run(self._client.delete, PREFIX + key)
+        self._run(self._client.delete, PREFIX + key, SPEC_PREFIX + key)
 
     def down(self) -> str | None:
         """Why Redis is not being used now (for ``/health``), or None while it is."""

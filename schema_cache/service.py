@@ -29,7 +29,8 @@
   unreachable: served from memory, disk and local compiles, reported by :meth:`degraded`.
 * With ``config.redis_prefetch`` too, entries other replicas compile and announce are loaded
   into memory in the background (``prefetch``), leading their flight like a miss: a request
-  that arrives meanwhile joins it; one that joined a load that found nothing looks again.
+  that arrives meanwhile joins it; one that joined a load that found nothing looks again. Each
+  loaded entry is made ready first (``prefetch.make_ready``: warmed, and ``prepare(spec)``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import atexit
 import hashlib
 import time
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 from corral.grammar import (
@@ -56,7 +58,7 @@ from corral.schema_cache.config import CacheConfig
 from corral.schema_cache.disk import STORE_VERSION, DiskStore
 from corral.schema_cache.flights import CompileCancelled, Flight, FlightMissed, Flights, bridge
 from corral.schema_cache.memory import MemoryLRU, RefusalCache, copy_refusal
-from corral.schema_cache.prefetch import Prefetcher
+from corral.schema_cache.prefetch import Prefetcher, make_ready, spec_bytes
 from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
 from corral.schema_cache.stats import CacheStats
 from corral.schema_cache.threads import DaemonThreads, SerialQueue, weak_gate
@@ -83,10 +85,20 @@ class Lookup(NamedTuple):
 
 
 class CompileService:
-    """The compiled-constraint cache and compiler for one tokenizer."""
+    """The compiled-constraint cache and compiler for one tokenizer.
 
-    def __init__(self, tok: TokenizerInfo, config: CacheConfig | None = None) -> None:
+    ``prepare(spec)``: what the server builds per constraint besides its compiled form (the
+    API's budget closer), run on each prefetched constraint so its first request finds it built.
+    """
+
+    def __init__(
+        self,
+        tok: TokenizerInfo,
+        config: CacheConfig | None = None,
+        prepare: Callable[[ConstraintSpec], object] | None = None,
+    ) -> None:
         self.tok = tok
+        self._prepare = prepare
         self.config = config or CacheConfig()
         self._stats = CacheStats()
         self.memory = MemoryLRU(
@@ -269,7 +281,7 @@ class CompileService:
         if self.shared is not None:
             return self._via_redis(spec, key, path, flight)
         compiled, seconds = self._compile_counted(spec, key, flight)
-        self._keep(key, path, compiled)
+        self._keep(spec, key, path, compiled)
         return Lookup(compiled, "compiled", seconds)
 
     def _checked(self, spec_digest: str, data: bytes | None) -> CompiledConstraint | None:
@@ -302,7 +314,7 @@ class CompileService:
             if claim.lease is not None:
                 self.shared.release(claim.lease)  # the next replica to ask compiles it
             raise
-        self._keep(key, path, compiled, claim.lease)
+        self._keep(spec, key, path, compiled, claim.lease)
         return Lookup(compiled, "compiled", seconds)
 
     def _claim(self, spec: ConstraintSpec, key: str, flight: Flight) -> Claim:
@@ -312,20 +324,30 @@ class CompileService:
             raise self._compiler.deadline_error(spec) from None
 
     def _keep(
-        self, key: str, path: str, compiled: CompiledConstraint, lease: Lease | None = None
+        self,
+        spec: ConstraintSpec,
+        key: str,
+        path: str,
+        compiled: CompiledConstraint,
+        lease: Lease | None = None,
     ) -> None:
         self.memory.put(key, compiled)
         if self.shared is not None:
-            self._publishes.submit(self._publish, key, path, compiled, lease)
+            self._publishes.submit(self._publish, spec, key, path, compiled, lease)
         elif self.disk.enabled:
             self._writes.submit(self._store, path, compiled)
 
     def _publish(
-        self, key: str, path: str, compiled: CompiledConstraint, lease: Lease | None
+        self,
+        spec: ConstraintSpec,
+        key: str,
+        path: str,
+        compiled: CompiledConstraint,
+        lease: Lease | None,
     ) -> None:
         """To Redis now (other replicas may be waiting for it), then to disk behind."""
         data = compiled.to_bytes()
-        self.shared.publish(key, data, lease, compiled.spec_digest)
+        self.shared.publish(key, data, lease, compiled.spec_digest, spec_bytes(spec))
         if self.disk.enabled:
             self._writes.submit(self.disk.write, path, data)
 
@@ -346,7 +368,8 @@ class CompileService:
         try:
             data = self.shared.get(key)
             compiled = self._checked(spec_digest, data)
-            if compiled is not None:
+            if compiled is not None:  # ready before anyone uses it, requests that joined too
+                make_ready(compiled, key, self.tok, self.shared, self._prepare)
                 self.memory.put(key, compiled)
         finally:  # whatever happened, the waiters get an answer
             self._flights.finish(key, flight)  # first: a waiter that looks again leads

@@ -1,6 +1,7 @@
 """`budget_close` against a real `corral serve`: a json_schema answer that max_tokens would cut
 is closed as a valid instance (jsonschema judges), finish_reason stays "length" and the choice
-names what was cut short; `"budget_close": false` keeps the peers' truncation."""
+names what was cut short; `"budget_close": false` keeps the peers' truncation. A `oneOf` whose
+branches differ only in `required` closes inside the branch the answer entered."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import json
 import httpx
 import jsonschema
 import pytest
+from budget_schemas import AREA
+
+from corral.api.tool_formats import GENERIC
+from corral.api.tools import TOOL_JSON_FORMAT
+from corral.grammar import ConstraintSpec
+from corral.grammar.shortest import JsonCloser
 
 SCHEMA = {
     "type": "object",
@@ -79,3 +86,59 @@ def test_opting_out_keeps_the_cut(server):
 def test_budget_close_must_be_a_boolean(server):
     r = ask(server, "/v1/chat/completions", budget_close="yes")
     assert r.status_code == 400, r.text[:800]
+
+
+@pytest.mark.parametrize("extra", [0, 8, 32])
+def test_a_one_of_by_required_closes_in_its_branch(server, smol_tokenizer, extra):
+    """Glaiveai2K's calculate_area shape through the openai client: `oneOf` branches that
+    differ only in `required`; whatever branch the answer enters, the closed instance is in
+    exactly one (jsonschema judges against the schema sent), and it is reported complete."""
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(AREA))
+    need = len(smol_tokenizer.encode(closer.shortest(closer.root), add_special_tokens=False))
+    r = server.client().chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "The area of a triangle, base 12.5 and height 7?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "area", "schema": AREA}},
+        max_tokens=need + extra,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    jsonschema.validate(json.loads(choice.message.content), AREA)
+    report = choice.model_extra.get("budget_close")
+    if choice.finish_reason == "length":
+        assert report["complete"], report
+
+
+AREA_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculate_area",
+        "description": "The area of a circle, a rectangle or a triangle",
+        "parameters": AREA,
+    },
+}
+
+
+@pytest.mark.parametrize("extra", [0, 8, 32])
+def test_a_cut_tool_call_is_closed(server, smol_tokenizer, extra):
+    """Budget closing is on by default for tool calls: with max_tokens from the shortest call
+    (the server's generic format) up, the call comes back complete, its arguments valid."""
+    args = JsonCloser.for_spec(ConstraintSpec.json_schema(AREA, json_format=TOOL_JSON_FORMAT))
+    call = GENERIC.begins("calculate_area")[0] + args.shortest(args.root) + GENERIC.end
+    need = len(smol_tokenizer.encode(call, add_special_tokens=False))
+    r = server.client().chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "The area of a triangle, base 12.5 and height 7?"}],
+        tools=[AREA_TOOL],
+        tool_choice="required",
+        max_tokens=need + extra,
+        temperature=0,
+    )
+    choice = r.choices[0]
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), AREA)
+    report = choice.model_extra.get("budget_close")
+    if extra == 0:  # the model writes more than the shortest call
+        assert choice.finish_reason == "length" and report["steered"], report
+    if choice.finish_reason == "length":
+        assert report["complete"], report

@@ -117,6 +117,59 @@ def test_lenient_receipt_lists_what_is_not_enforced(server) -> None:
     assert item["param"] == "response_format.json_schema.schema"
 
 
+ONE_OF = {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}]}
+
+
+def keyword_rewrite(param: str, pointer: str, keyword: str, detail: str) -> dict:
+    return {"rewrite": "keyword", "param": param, "pointer": pointer, "keyword": keyword,
+            "detail": detail}  # fmt: skip
+
+
+def test_keyword_rewrites_follow_the_request_ones_and_survive_cache_hits(server) -> None:
+    """The analysis rewrote the oneOf (its branches are disjoint, so an anyOf): the receipt says
+    where, relative to the request field, in the chat that compiled it, in the validate that
+    hit the cache, and in a second chat; a schema taken as written lists no keyword rewrite."""
+    schema = unique({"v": ONE_OF})
+    param = "response_format.json_schema.schema"
+    expected = [
+        {"rewrite": "close_objects", "param": param},
+        keyword_rewrite(param, "/properties/v/oneOf", "oneOf", "oneOf->anyOf (branches disjoint)"),
+    ]
+    client = server.client()
+    kw = dict(model=server.model, messages=[{"role": "user", "content": "JSON please"}],
+              max_tokens=30, response_format=fmt(schema))  # fmt: skip
+    first = client.chat.completions.create(**kw)
+    jsonschema.validate(json.loads(first.choices[0].message.content), schema)
+    assert first.model_extra["corral"]["cache"] == "compiled"
+    assert first.model_extra["corral"]["rewrites"] == expected
+    v = post(server, VALIDATE, {"response_format": fmt(schema)})
+    assert v.status_code == 200, v.text
+    assert v.json()["corral"]["cache"] == "memory" and v.json()["corral"]["rewrites"] == expected
+    second = client.chat.completions.create(**kw)
+    jsonschema.validate(json.loads(second.choices[0].message.content), schema)
+    assert second.model_extra["corral"]["cache"] == "memory"
+    assert second.model_extra["corral"]["rewrites"] == expected
+
+    plain = post(server, VALIDATE, {"response_format": fmt(unique())})
+    assert plain.status_code == 200, plain.text
+    assert plain.json()["corral"]["rewrites"] == [{"rewrite": "close_objects", "param": param}]
+
+
+def test_keyword_rewrites_of_a_tool_point_into_its_parameters(server) -> None:
+    tools = [
+        {"type": "function", "function": {"name": "plain", "parameters": unique()}},
+        {"type": "function", "function": {"name": "pick", "parameters": unique({"v": ONE_OF})}},
+    ]
+    v = post(server, VALIDATE, {"tools": tools, "tool_choice": "required"})
+    assert v.status_code == 200, v.text
+    rewrites = v.json()["corral"]["rewrites"]
+    assert [w["rewrite"] for w in rewrites[:2]] == ["tool_calls", "close_objects"]
+    assert rewrites[2:] == [
+        keyword_rewrite("tools[1].function.parameters", "/properties/v/oneOf", "oneOf",
+                        "oneOf->anyOf (branches disjoint)"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "constraint",
     [

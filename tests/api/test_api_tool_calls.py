@@ -110,8 +110,11 @@ def test_streamed_and_plain_answers_agree_and_every_call_validates(server, extra
 
 
 def test_a_call_cut_by_max_tokens_ends_with_length(server) -> None:
-    # the generic opener of get_weather is 18 of SmolLM2's tokens, a whole call about 38
-    plain, streamed, _ = _both(server, tool_choice="required", max_tokens=26)
+    # the generic opener of get_weather is 18 of SmolLM2's tokens, a whole call about 38; the
+    # peers' cut (budget closing, on by default, would close the call: test_api_budget_close)
+    plain, streamed, _ = _both(
+        server, tool_choice="required", max_tokens=26, extra_body={"budget_close": False}
+    )
     for choice in (plain, streamed):
         assert choice.finish_reason == "length"
         (call,) = choice.message.tool_calls  # as far as it got

@@ -8,49 +8,17 @@ import json
 
 import jsonschema
 import pytest
+from budget_schemas import SCHEMAS
 from engine_helpers import chat, make_engine
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from corral.engine import SamplingParams
-from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
 from corral.grammar.shortest import JsonCloser
 from corral.grammar.spec import JsonFormat
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
-NAMES = st.sampled_from(["id", "name", "tags", "a", "b_c", "score", "note"])
-
-
-def leaf() -> st.SearchStrategy[dict]:
-    return st.one_of(
-        st.builds(lambda n: {"type": "string", "minLength": n}, st.integers(0, 4)),
-        st.builds(
-            lambda lo: {"type": "integer", "minimum": lo, "maximum": lo + 1000},
-            st.integers(-50, 50),
-        ),
-        st.just({"type": "boolean"}),
-        st.just({"type": "null"}),
-        st.just({"enum": ["red", "green", "blue"]}),
-        st.just({"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}),
-        st.just({"type": "number", "minimum": 1.5}),
-    )
-
-
-def container(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
-    arrays = st.builds(
-        lambda items, n: {"type": "array", "items": items, "minItems": n},
-        children,
-        st.integers(0, 2),
-    )
-    objects = st.dictionaries(NAMES, children, min_size=1, max_size=4).flatmap(
-        lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
-            lambda req: {"type": "object", "properties": props, "required": req}
-        )
-    )
-    return st.one_of(arrays, objects)
-
-
-SCHEMAS = st.recursive(leaf(), container, max_leaves=6).filter(lambda s: "type" in s)
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +39,17 @@ def shortest_tokens(model, closer: JsonCloser) -> int:
 def test_output_valid_whenever_the_budget_allows(setup, schema, fmt, extra, seed):
     model, tok, engine, prompt = setup
     spec = ConstraintSpec.json_schema(schema, json_format=fmt)
+    try:
+        compiled = compile_constraint(spec, tok)
+    except ConstraintError:  # a drawn oneOf the grammar cannot enforce exactly
+        assume(False)
     closer = JsonCloser.for_spec(spec)
+    assume(closer.shortest(closer.root) is not None)  # a drawn oneOf with no instance
     need = shortest_tokens(model, closer)
     params = SamplingParams(
         max_tokens=need + extra, temperature=1.0, seed=seed, budget_close=closer
     )
-    (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
+    (choice,) = engine.generate([prompt], params, [compiled])[0]
     jsonschema.validate(json.loads(choice.text), schema)
     assert choice.finish_reason in ("stop", "length")
     if choice.budget_close is not None and choice.budget_close.steered:
@@ -114,3 +87,17 @@ def test_without_budget_close_the_output_is_cut(setup):
     assert choice.finish_reason == "length" and choice.budget_close is None
     with pytest.raises(ValueError):
         json.loads(choice.text)
+
+
+def test_a_schema_without_a_closable_instance_is_reported(setup):
+    """`minLength: 10**9` is valid JSON Schema, but no closing is built for it: the sequence is
+    not steered, and the report says so (no exception on the step loop)."""
+    model, tok, engine, prompt = setup
+    schema = {"type": "string", "minLength": 10**9}
+    spec = ConstraintSpec.json_schema(schema)
+    closer = JsonCloser.for_spec(spec)
+    params = SamplingParams(max_tokens=8, temperature=0, budget_close=closer)
+    (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
+    assert choice.finish_reason == "length"
+    report = choice.budget_close
+    assert not report.steered and not report.complete and "no shortest" in report.reason

@@ -19,6 +19,7 @@ from schema_cache_helpers import (
 from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, TokenizerInfo
 from corral.schema_cache import CacheConfig, CompileService
+from corral.schema_cache.prefetch import spec_bytes, spec_from_bytes
 from corral.schema_cache.redis_store import ANNOUNCE
 
 # About half a second to compile and as long to load: long enough to catch a load in flight.
@@ -140,3 +141,25 @@ def test_without_prefetch_nothing_listens(redis, redis_server, make_service, tmp
     assert listeners(redis) == 1  # the publisher's
     assert here.lookup(spec).source == "redis"
     assert here.stats()["prefetched"] == 0
+
+
+def test_a_prefetched_constraint_is_prepared_before_its_first_request(
+    redis, redis_server, make_service, llama3_tokenizer, tmp_path
+):
+    """The server's per-constraint preparation (the API's budget closer) runs on the constraint
+    published beside the entry, checked against the announced digest, before the entry counts
+    as prefetched; a spec that is not the announced one is never prepared."""
+    spec = ConstraintSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
+    prepared: list[ConstraintSpec] = []
+    config = CacheConfig(root=tmp_path / "here", redis_url=redis_server.url, isolation="thread")
+    with CompileService(llama3_tokenizer, config, prepare=prepared.append) as here:
+        publisher = make_service(root=tmp_path / "publisher", redis_url=redis_server.url)
+        wait_until(lambda: listeners(redis) == 2, 10, "both replicas to listen")
+        publisher.get_or_compile(spec)
+        wait_until(lambda: here.stats()["prefetched"] == 1, 30, "the entry to load")
+        assert prepared == [spec] and prepared[0].digest == spec.digest
+        assert here.lookup(spec).source == "memory"
+    other = ConstraintSpec.json_schema({"type": "string"})
+    assert spec_from_bytes(spec_bytes(other), spec.digest) is None
+    assert spec_from_bytes(b"{not json", spec.digest) is None
+    assert spec_from_bytes(spec_bytes(spec), spec.digest) == spec
