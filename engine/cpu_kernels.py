@@ -81,7 +81,8 @@ def build(source: Path = SOURCE, cc: str | None = None, folder: Path | None = No
     """
     cc = cc or os.environ.get(COMPILER_ENV) or "cc"
     folder = folder or cache_root() / "kernels"
-    text = source.read_bytes()
+    # the source and the files beside it that it may include (`decode.c` includes `int4.c`)
+    text = b"\0".join(f.read_bytes() for f in [source, *sorted(source.parent.glob("*.[ch]"))])
     key = hashlib.sha256(b"\0".join([text, cc.encode(), " ".join(FLAGS).encode(),
                                       _cpu_fingerprint().encode()])).hexdigest()[:16]  # fmt: skip
     target = folder / f"{source.stem}-{key}.so"
@@ -165,6 +166,7 @@ class CpuKernels:
         self._norm, self._add_norm = lib.corral_rms_norm, lib.corral_add_rms_norm
         self._rope, self._silu_mul = lib.corral_rope, lib.corral_silu_mul
         self._attention = lib.corral_decode_attention
+        self.decode_layer_fn = lib.corral_decode_layer  # typed by `engine.fused_decode`
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of `[rows, n]` over its last axis (as `F.rms_norm`), into a new tensor."""

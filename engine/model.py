@@ -16,6 +16,7 @@ instead (`corral.engine.cpu_kernels`), chosen once per forward pass.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,8 @@ from torch import nn
 
 from corral.engine.attention import AttentionBackend, AttentionMetadata
 from corral.engine.cpu_kernels import CpuKernels, kernels_for
+from corral.engine.fused_decode import SWITCH_ENV as FUSED_SWITCH_ENV
+from corral.engine.fused_decode import FusedDecode
 from corral.engine.kv_pool import KVPool
 from corral.engine.matmul import (
     PACK_BATCH_HINT,
@@ -254,6 +257,7 @@ class DecoderModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.head_dim).to(device), False)
         self.linear: Linear = linear_fn(dtype, device)
         self.packed_head: torch.Tensor | None = None  # set by `pack_weights`
+        self._fused: tuple[CpuKernels, FusedDecode | None] | None = None  # `_fused_decode`
 
     def set_embedding(self, table) -> None:
         """The token embedding: a dense `[vocab, hidden]` tensor, or any table with `shape` and
@@ -292,6 +296,20 @@ class DecoderModel(nn.Module):
             self.linear = any_linear(packed_linear)
         return True
 
+    def _fused_decode(
+        self, kernels: CpuKernels | None, attn: AttentionBackend, meta: AttentionMetadata
+    ) -> FusedDecode | None:
+        """The layers as one C call each (`engine.fused_decode`) for a decode-only step with the
+        C kernels, where every layer can run so; else None (built once per kernel library)."""
+        group = meta.decode
+        if kernels is None or group is None or group.kernels is None or meta.spans:
+            return None
+        if os.environ.get(FUSED_SWITCH_ENV) == "0":
+            return None
+        if self._fused is None or self._fused[0] is not kernels:
+            self._fused = (kernels, FusedDecode.for_model(self, kernels, attn.scale))
+        return self._fused[1]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -309,8 +327,12 @@ class DecoderModel(nn.Module):
         )
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         kernels = kernels_for(x.dtype, x.device)
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn, pool, meta, kernels)
+        fused = self._fused_decode(kernels, attn, meta)
+        if fused is not None:
+            x = fused.run(x, cos, sin, pool, meta)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, attn, pool, meta, kernels)
         # The final norm and the LM head (the biggest matmul for small models) only on the rows
         # whose logits are wanted.
         h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps, kernels)

@@ -36,6 +36,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
+from corral.engine.cpu_int4 import int4_kernel
+
 GROUP = 32
 """Block size of every supported GGUF type along K (Q4_K's sub-blocks are 32 too)."""
 
@@ -81,7 +83,11 @@ def int4_linear(x: torch.Tensor, w: Int4Weight, b: torch.Tensor | None) -> torch
     xc = x.to(w.compute_dtype).contiguous()
     if w.split_input:
         xc = torch.cat((xc, xc), dim=1)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w.packed, GROUP, w.scales_zeros)
+    kernel = int4_kernel() if xc.dtype == torch.bfloat16 else None
+    if kernel is not None and kernel.fits(w.packed.shape[0], xc.shape[1]):
+        y = kernel.matmul(xc, w.packed, w.scales_zeros)
+    else:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w.packed, GROUP, w.scales_zeros)
     y = y.to(x.dtype)
     return y if b is None else y.add_(b)
 

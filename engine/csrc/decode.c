@@ -13,6 +13,8 @@
 
 typedef uint16_t bf16;
 
+#include "int4.c" /* the 4-bit matmul, for the fused decode layer at the end */
+
 /* Sixteen lanes in GCC's generic vectors: AVX-512 registers here, pairs of AVX2 (or four SSE)
  * elsewhere. The attention kernel takes head sizes that are multiples of VW. */
 #define VW 16
@@ -273,4 +275,48 @@ int corral_decode_attention(const bf16 *q, int64_t q_stride, int64_t t_rows, con
         free(buf);
     }
     return failed ? -2 : 0;
+}
+
+/* One whole decoder layer of a decode-only step (every row one new token), in one call: the
+ * same kernels in the same order as the layer's Python forward with bfloat16 CPU kernels, so
+ * the result is the same bit for bit, without a Python round trip between them.
+ *
+ *   h = norm(x); qkv = h @ Wqkv; RoPE on q and k; store k, v at out_slots and attend (o);
+ *   y = o @ Wo; y += x; h = norm(y); out = y + (silu(gate) * up)(h @ Wgu) @ Wdown
+ *
+ * x, out: [b, hidden]. Each W is (packed, scales) as corral_int4_matmul takes it: Wqkv
+ * [(heads + 2 hkv) d, hidden], Wo [hidden, heads d], Wgu [2 inter, hidden], Wdown [hidden,
+ * inter]. cos, ssin: [b, d]. The attention arguments are corral_decode_attention's, its rows
+ * 0..b-1. Returns 0, or the first failing kernel's status (nothing more is done then). */
+int corral_decode_layer(const bf16 *x, bf16 *out, int64_t b, int64_t hidden, const bf16 *norm1,
+                        const bf16 *norm2, float eps, const uint8_t *wqkv, const bf16 *sqkv,
+                        const uint8_t *wo, const bf16 *so, const uint8_t *wgu, const bf16 *sgu,
+                        const uint8_t *wd, const bf16 *sd, int64_t inter, const bf16 *cos,
+                        const bf16 *ssin, int64_t heads, int64_t hkv, int64_t d, bf16 *k_pool,
+                        bf16 *v_pool, int64_t num_slots, const int64_t *rows, const int64_t *kv,
+                        const int64_t *lens, int64_t length, const int64_t *out_slots,
+                        float scale, int threads) {
+    int64_t qkv_n = (heads + 2 * hkv) * d, q_n = heads * d;
+    size_t elems = (size_t)(b * (hidden + qkv_n + q_n + hidden + 2 * inter + inter + hidden));
+    bf16 *buf = malloc(elems * sizeof(bf16));
+    if (!buf) return -2;
+    bf16 *h = buf, *qkv = h + b * hidden, *o = qkv + b * qkv_n, *y = o + b * q_n;
+    bf16 *gu = y + b * hidden, *s = gu + b * 2 * inter, *z = s + b * inter;
+    int status;
+    corral_rms_norm(x, norm1, h, b, hidden, eps);
+    if ((status = corral_int4_matmul(h, b, hidden, wqkv, sqkv, qkv_n, qkv, threads))) goto done;
+    corral_rope(qkv, qkv_n, cos, ssin, b, heads + hkv, d);
+    status = corral_decode_attention(qkv, qkv_n, b, qkv + q_n, qkv_n, qkv + q_n + hkv * d, qkv_n,
+                                     k_pool, v_pool, num_slots, rows, kv, lens, b, length, hkv,
+                                     heads / hkv, d, scale, out_slots, o, threads);
+    if (status) goto done;
+    if ((status = corral_int4_matmul(o, b, q_n, wo, so, hidden, y, threads))) goto done;
+    corral_add_rms_norm(x, y, norm2, h, b, hidden, eps);
+    if ((status = corral_int4_matmul(h, b, hidden, wgu, sgu, 2 * inter, gu, threads))) goto done;
+    corral_silu_mul(gu, s, b, inter);
+    if ((status = corral_int4_matmul(s, b, inter, wd, sd, hidden, z, threads))) goto done;
+    for (int64_t i = 0; i < b * hidden; i++) out[i] = to_bf16(f32(y[i]) + f32(z[i]));
+done:
+    free(buf);
+    return status;
 }

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from engine_helpers import chat, make_engine
 from test_engine_gguf_quantized import TIE
 
-from corral.engine import SamplingParams, cpu_kernels
+from corral.engine import SamplingParams, cpu_int4, cpu_kernels
 from corral.engine.assets import load_model
 from corral.engine.attention import TorchAttention
 from corral.engine.kv_pool import KVPool
@@ -201,17 +201,24 @@ def test_default_model_greedy_text_same_with_kernels_on_and_off(quantized, monke
 def test_a_failed_build_keeps_the_torch_path_and_still_serves(
     quantized, monkeypatch, tmp_path, caplog
 ):
+    """Both C libraries (the decode kernels and the int4 matmul) fail to build: one warning
+    each, no half-built file, and the model serves through torch's ops exactly as when switched
+    off."""
     monkeypatch.setenv(cpu_kernels.COMPILER_ENV, "/bin/false")
     monkeypatch.setenv("CORRAL_CACHE_DIR", str(tmp_path))
     cpu_kernels.library.cache_clear()
+    cpu_int4.library.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+        with caplog.at_level(logging.WARNING):
             assert cpu_kernels.kernels_for(BF16, torch.device("cpu")) is None
+            assert cpu_int4.int4_kernel() is None
             prompts = [chat(quantized, "Name two planets.")]
             served = greedy(quantized, prompts)
-        assert len(caplog.records) == 1 and "unavailable" in caplog.records[0].message
+        warned = [(r.name, "unavailable" in r.message) for r in caplog.records]
+        assert warned == [(cpu_kernels.__name__, True), (cpu_int4.__name__, True)]
         assert not list((tmp_path / "kernels").glob("*.so"))  # no half-built library left
         monkeypatch.setenv(cpu_kernels.SWITCH_ENV, "0")
         assert served[0].token_ids == greedy(quantized, prompts)[0].token_ids
     finally:
         cpu_kernels.library.cache_clear()
+        cpu_int4.library.cache_clear()

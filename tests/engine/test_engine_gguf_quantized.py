@@ -2,12 +2,16 @@
 against the same file dequantized to float32.
 
 Bounds (stated once, used everywhere below). Per logits row, the KL divergence of the quantized
-model's next-token distribution from the float32 reference's. The int4 kernel runs in bfloat16
-(activations and block scales rounded to 8 bits; the weights themselves are exact), and the
-server feeds it bfloat16 activations; on the default model's chat prompts
-(`bench/quant_quality.py`, 153 rows) the mean KL is 4.7e-3 and the largest 4.0e-2 (1.4e-3 and
-2.3e-2 with float32 activations). Top-1 must agree wherever the reference's best two logits are
-further apart than `MARGIN`; closer than that is a tie the rounding may break either way.
+model's next-token distribution from the float32 reference's. The server feeds bfloat16
+activations; the weights themselves are exact, their block scales rounded to bfloat16. On the
+default model's chat prompts (`bench/quant_quality.py`, 153 rows): with the C int4 kernel
+(`engine.cpu_int4`, activations as two int8 parts, about 15 bits) the mean KL is 2.0e-3 and the
+largest 1.4e-2; with torch's kernel (activations rounded to bfloat16), where the CPU lacks
+AVX512-VNNI, 5.0e-3 and 4.1e-2. Top-1 must agree wherever the reference's best two logits are
+further apart than `MARGIN`; closer than that is a tie the rounding may break either way. A
+greedy run may part from the reference only at a call closer than `TIE`: on flat rows the
+rounding moves the gap between two tokens' logprobs by up to about 0.2 (measured: 0.19, where
+the reference's gap was 0.136 and the two tokens had 5.6% and 4.9%).
 """
 
 from __future__ import annotations
@@ -30,14 +34,16 @@ from gguf_factory import write_random_llama_gguf
 from corral.api.config import ServerConfig
 from corral.engine import SamplingParams
 from corral.engine.assets import default_gguf_path, load_model, resolve_quantize
+from corral.engine.cpu_int4 import int4_kernel
 from corral.engine.gguf_weights import GGUFRows, RefinedHead, gguf_index
 from corral.engine.model_runner import ForwardBatch
 from corral.engine.quant import Int4Weight, Int8Weight
 
-KL_MEAN, KL_MAX = 1e-2, 1e-1  # the default model, per row: about twice what was measured
+# the default model, per row: about 2.5x what was measured (see above)
+KL_MEAN, KL_MAX = (5e-3, 5e-2) if int4_kernel() is not None else (1e-2, 1e-1)
 TINY_KL_MAX = 5e-3  # the random tiny models (flatter distributions)
 MARGIN = 0.5  # logits; top-1 may differ only where the reference's top two are closer
-TIE = 0.1  # logprob; a greedy run may part from the reference only at a closer call
+TIE = 0.25  # logprob; a greedy run may part from the reference only at a closer call
 RSS_RATIO = 1.5  # memory a quantized GGUF's load keeps, over the file's size
 PEAK_RATIO = 1.75  # ... and its peak (1.30-1.44x measured: one tensor in flight, allocator slack)
 
@@ -159,6 +165,7 @@ def test_embedding_rows_are_read_exactly_from_the_file():
 
 _RSS_SCRIPT = """
 import gc, json, sys, torch
+from corral.engine.cpu_int4 import int4_kernel
 from corral.engine.assets import default_gguf_path, ensure_converted
 from corral.engine.model_config import ModelConfig
 from corral.engine.gguf_weights import load_gguf_quantized
