@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forw
     from corral.engine.radix_cache import Node
     from corral.grammar.matcher import Matcher
     from corral.grammar.shortest import JsonCloser
+    from corral.grammar.tag_close import TagCloser
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -95,8 +96,9 @@ class SamplingParams:
     allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
     `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
     `reasoning_budget`: the think block of a reasoning model is closed after that many tokens.
-    `budget_close`: the closer of the JSON schema the constraint enforces; with it, a
-    constrained output is steered to end as a complete instance within `max_tokens`
+    `budget_close`: the closer of what the constraint enforces (a JSON schema's
+    `grammar.shortest.JsonCloser`, or a structural tag's `grammar.tag_close.TagCloser` for tool
+    calls); with it, a constrained output is steered to end complete within `max_tokens`
     (`engine.budget_close`).
     """
 
@@ -118,7 +120,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     reasoning_budget: ReasoningBudget | None = None
-    budget_close: JsonCloser | None = None
+    budget_close: JsonCloser | TagCloser | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))

@@ -11,11 +11,14 @@ branch can pick any of them, and the matcher must accept whatever is picked.
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from jsonschema import Draft202012Validator
 
 from corral.grammar import Matcher, TokenizerInfo
 
@@ -188,3 +191,30 @@ def _byte_chars() -> dict[int, str]:
             out[b] = chr(0x100 + moved)
             moved += 1
     return out
+
+
+def no_repeats(pairs: list) -> dict:
+    """A ``json.loads`` object hook that fails on a key repeated within one object."""
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), f"repeated key in {keys}"
+    return dict(pairs)
+
+
+def assert_walks_valid_without_repeats(
+    matcher: Callable[[], Matcher], schema: dict, tok: TokenizerInfo, walks: int, max_tokens: int
+) -> None:
+    """``walks`` steered walks (seed 16) of fresh matchers: every finished one is an instance of
+    ``schema`` (jsonschema, with formats) that repeats no key, and at least 4 finish."""
+    table = TokenTable.cached(tok)
+    judge = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    rng = random.Random(16)
+    done = 0
+    for _ in range(walks):
+        w = steered_walk(matcher(), table, rng, max_tokens=max_tokens, end_bias=0.6, steer=0.7)
+        if not w.terminated:
+            continue
+        done += 1
+        check_forced(w, tok)
+        instance = json.loads(decode(tok, w.tokens), object_pairs_hook=no_repeats)
+        assert judge.is_valid(instance), (decode(tok, w.tokens), schema)
+    assert done >= 4

@@ -7,12 +7,8 @@ hook that fails on a repeated key, so a walk that reaches a dead end or repeats 
 
 from __future__ import annotations
 
-import json
-import random
-
 import pytest
-from grammar_walkers import TokenTable, check_forced, decode, steered_walk
-from jsonschema import Draft202012Validator
+from grammar_walkers import assert_walks_valid_without_repeats
 
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat, compile_constraint
 from corral.grammar.compiled import CompiledConstraint
@@ -36,12 +32,6 @@ def _accepts(c: CompiledConstraint, text: str, tok) -> bool:
 
     bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
     return accepts(c.matcher(), tok.encode(text), bitmask)
-
-
-def _no_repeats(pairs):
-    keys = [k for k, _ in pairs]
-    assert len(keys) == len(set(keys)), f"repeated key in {keys}"
-    return dict(pairs)
 
 
 def test_scan_finds_a_repeated_key_however_it_is_spelled():
@@ -112,22 +102,9 @@ def test_optional_properties_come_in_any_order(llama3_tokenizer):
     ],
 )
 def test_walks_are_valid_and_never_repeat_a_key(schema, llama3_tokenizer):
-    tok = llama3_tokenizer
     c = _compile(schema)
     assert c.distinct_keys
-    table = TokenTable.cached(tok)
-    judge = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    rng = random.Random(16)
-    done = 0
-    for _ in range(12):
-        w = steered_walk(c.matcher(), table, rng, max_tokens=400, end_bias=0.6, steer=0.7)
-        if not w.terminated:
-            continue
-        done += 1
-        check_forced(w, tok)
-        instance = json.loads(decode(tok, w.tokens), object_pairs_hook=_no_repeats)
-        assert judge.is_valid(instance), (decode(tok, w.tokens), schema)
-    assert done >= 4
+    assert_walks_valid_without_repeats(c.matcher, schema, llama3_tokenizer, 12, 400)
 
 
 def test_a_key_set_that_may_run_out_is_still_refused():
