@@ -14,14 +14,13 @@ that check never leaves a dead end (``distinct_keys.dead_end_risk``).
 With every declared property required, llguidance also enforces ``minProperties`` and
 ``maxProperties`` over the pattern keys, which it refuses next to optional declared properties.
 
-Required keys come first, in each order ``schema_permute`` lays out before this rewrite (it
-keeps the declared order as one layout: a required key declared after an optional one stays
-there). Where it is not made: such a layout, objects with a required key not declared, with
+Where it is not made: objects with a required key declared after an optional one (the backend
+lays required keys out first, so the declared order would be lost) or not declared at all, with
 their own ``patternProperties`` (the backend wants pattern keys disjoint; ``^p$`` overlapping
 one would be refused) or ``unevaluatedProperties``; `anyOf`/`oneOf` branches merged with their
 holder's object keywords, and the holder itself; anything inside an ``allOf`` or a ``$ref`` next
-to other keywords, or in a definition referenced from there (the backend merges those, and
-would meet ``^p$`` next to a declared ``p``).
+to other keywords, or in a definition referenced from there (``schema_merges``: the backend
+merges those, and would meet ``^p$`` next to a declared ``p``).
 Nor anywhere when some object elsewhere could run out of new keys: the key check applies to the
 whole output (``dead_end_risk``).
 """
@@ -33,7 +32,7 @@ from typing import Any
 
 from corral.grammar.distinct_keys import dead_end_risk
 from corral.grammar.regex_translate import literal_regex
-from corral.grammar.schema_permute import merged_definitions, permute_required
+from corral.grammar.schema_merges import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMAS, merged_definitions
 
 #: The most properties freed in one object: llguidance's compile grows fast with the number of
 #: pattern properties (Llama-3, one object of optional strings: 64 in 0.03 s, 128 in 3 s, 800
@@ -45,16 +44,12 @@ def backend_layout(schema: Any, distinct_keys: bool) -> tuple[Any, bool, list[di
     """The analysed ``schema`` as handed to the backend, whether its matcher must refuse
     repeated keys: ``distinct_keys`` (the analysis needs it), or because optional properties
     were freed here (only where that check leaves no dead end), and the object nodes of
-    ``schema`` whose optional properties were freed. Required keys first get every order
-    (``schema_permute``); its layouts stand for the object they copy."""
-    copied: dict[int, dict] = {}
-    schema = permute_required(schema, copied)
+    ``schema`` whose optional properties were freed."""
     changed: list[tuple[dict, str]] = []
     freed = free_order(schema, changed)
     if freed is None or (not distinct_keys and dead_end_risk(schema) is not None):
         return schema, distinct_keys, []
-    nodes = [copied.get(id(node), node) for node, _ in changed]
-    return freed, True, list({id(node): node for node in nodes}.values())
+    return freed, True, list({id(node): node for node, _ in changed}.values())
 
 
 def free_order(schema: Any, changed: list[tuple[dict, str]] | None = None) -> Any | None:
@@ -70,18 +65,10 @@ def free_order(schema: Any, changed: list[tuple[dict, str]] | None = None) -> An
     return out if changed and max(per_object) <= MAX_FREED else None
 
 
-_SCHEMA_MAPS = frozenset(("properties", "patternProperties", "$defs", "dependentSchemas"))
-_SCHEMA_LISTS = frozenset(("allOf", "anyOf", "oneOf", "prefixItems"))
-_SCHEMAS = frozenset(
-    "items additionalProperties additionalItems contains not if then else propertyNames "
-    "unevaluatedProperties unevaluatedItems".split()
-)
-
-
 def _subschemas(node: dict):
     """The (keyword, subschema-or-container) pairs of a schema node that hold schemas."""
     for key, value in node.items():
-        if key in _SCHEMA_MAPS or key in _SCHEMA_LISTS or key in _SCHEMAS:
+        if key in SCHEMA_MAPS or key in SCHEMA_LISTS or key in SCHEMAS:
             yield key, value
 
 
@@ -125,7 +112,7 @@ def _rewrite(
                 k: _rewrite(v, changed, memo, False, k in frozen_defs, frozen_defs)
                 for k, v in value.items()
             }
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
             out[key] = {
                 k: _rewrite(v, changed, memo, False, frozen, frozen_defs) for k, v in value.items()
             }
