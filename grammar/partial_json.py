@@ -19,48 +19,46 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import re
-from dataclasses import dataclass, field
 
+from corral.grammar.partial_values import (
+    HIGH_SURROGATE,
+    Frame,
+    admits_type,
+    finish_leaf,
+    holds,
+    lone_char,
+    pointer_escape,
+)
 from corral.grammar.shortest import (
     MAX_FILL,
     JsonCloser,
     Schema,
-    complete_string,
-    implied_types,
-    json_kind,
-    number_ok,
 )
 
 _Closing = tuple[str, list[str]]  # a closing text and the pointers it cuts short
 _TYPE_OF_FIRST = {"{": "object", "[": "array", '"': "string", "t": "boolean", "f": "boolean"}
-_LITERALS = ("true", "false", "null")
-_HIGH = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # the escape of a high surrogate
 
 
-@dataclass
-class _Frame:
-    """One open value. `kind`: top, object, array, string, key, scalar. `state` (containers):
-    what comes next; `text`: a string's or scalar's characters so far; `keys`: properties
-    present; `count`: items so far; `key`: the property whose value is being written;
-    `parents[i]`: the indices of the enclosing frame's branches that `schemas[i]` came from."""
+class CharStream:
+    """Text taken one character at a time (`_char`), until the text can no longer be valid
+    (`broken`): what `PartialJson` and `tag_close.PartialTag` share."""
 
-    kind: str
-    schemas: list[Schema]
-    pointer: str
-    parents: list[frozenset[int]] = field(default_factory=list)
-    state: str = "value"
-    text: str = ""
-    escape: str = ""  # an unfinished escape sequence inside a string
-    keys: tuple[str, ...] = ()
-    count: int = 0
-    key: str = ""
+    broken = False
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            if self.broken:
+                return
+            self._char(ch)
+
+    def _char(self, ch: str) -> None:
+        raise NotImplementedError
 
 
-class PartialJson:
+class PartialJson(CharStream):
     """A prefix of a JSON instance being parsed against a `JsonCloser`'s schema."""
 
-    def __init__(self, closer: JsonCloser, stack: list[_Frame]) -> None:
+    def __init__(self, closer: JsonCloser, stack: list[Frame]) -> None:
         self.closer = closer
         self.stack = stack
         self._closed: dict[tuple, list[_Closing | None]] = {}  # shared by copies
@@ -72,19 +70,13 @@ class PartialJson:
 
     @classmethod
     def empty(cls, closer: JsonCloser) -> PartialJson:
-        return cls(closer, [_Frame("top", [closer.root], "", [frozenset()])])
+        return cls(closer, [Frame("top", [closer.root], "", [frozenset()])])
 
     def copy(self) -> PartialJson:
         new = PartialJson(self.closer, [copy.copy(f) for f in self.stack])
         new.broken, new.sep, new.ws = self.broken, self.sep, self.ws
         new._closed = self._closed
         return new
-
-    def feed(self, text: str) -> None:
-        for ch in text:
-            if self.broken:
-                return
-            self._char(ch)
 
     def _char(self, ch: str) -> None:
         top = self.stack[-1]
@@ -103,7 +95,7 @@ class PartialJson:
         if top.state == "value":
             return self._open(top, ch)
         if top.kind == "object" and top.state in ("key_or_end", "key") and ch == '"':
-            self.stack.append(_Frame("key", [], top.pointer))
+            self.stack.append(Frame("key", [], top.pointer))
         elif top.kind == "object" and top.state == "colon" and ch == ":":
             top.state = "value"
         elif ch == "," and top.state == "comma_or_end":
@@ -116,11 +108,11 @@ class PartialJson:
         else:
             self.broken = True
 
-    def _open(self, parent: _Frame, ch: str) -> None:
+    def _open(self, parent: Frame, ch: str) -> None:
         """A value starts with `ch` inside `parent` (expecting a value)."""
         if parent.kind == "object":
             node_of = lambda b: self.closer.child(b, parent.key)  # noqa: E731
-            pointer = parent.pointer + "/" + _escape(parent.key)
+            pointer = parent.pointer + "/" + pointer_escape(parent.key)
         elif parent.kind == "array":
             node_of = lambda b: self.closer.child(b, parent.count)  # noqa: E731
             pointer = f"{parent.pointer}/{parent.count}"
@@ -131,10 +123,10 @@ class PartialJson:
         origins: dict[int, tuple[Schema, set[int]]] = {}  # one entry per distinct branch
         for i, s in enumerate(parent.schemas):
             for b in self.closer.branches(node_of(s)):
-                if _admits_type(b, kind):
+                if admits_type(b, kind):
                     origins.setdefault(id(b), (b, set()))[1].add(i)
         schemas = [b for b, _ in origins.values()]
-        frame = _Frame("scalar", schemas, pointer, [frozenset(p) for _, p in origins.values()])
+        frame = Frame("scalar", schemas, pointer, [frozenset(p) for _, p in origins.values()])
         if ch == "{":
             frame.kind, frame.state = "object", "key_or_end"
         elif ch == "[":
@@ -145,12 +137,12 @@ class PartialJson:
             frame.text = ch
         self.stack.append(frame)
 
-    def _string_char(self, top: _Frame, ch: str) -> None:
+    def _string_char(self, top: Frame, ch: str) -> None:
         if top.escape:  # a surrogate pair's high half waits for its low half (one character)
             top.escape += ch
             e = top.escape
-            if e[1] != "u" or len(e) == 12 or (len(e) == 6 and not _HIGH.fullmatch(e)):
-                top.text += json.loads('"' + e + '"') if _good(e) else "?"
+            if e[1] != "u" or len(e) == 12 or (len(e) == 6 and not HIGH_SURROGATE.fullmatch(e)):
+                top.text += json.loads('"' + e + '"') if lone_char(e) else "?"
                 top.escape = ""
             elif len(e) in (7, 8) and e[6:] != "\\u"[: len(e) - 6]:
                 self.broken = True  # a lone high surrogate: not modelled
@@ -173,7 +165,7 @@ class PartialJson:
         done = self.stack.pop()
         parent = self.stack[-1]
         kept = set().union(
-            *(p for b, p in zip(done.schemas, done.parents, strict=True) if _holds(done, b))
+            *(p for b, p in zip(done.schemas, done.parents, strict=True) if holds(done, b))
         )
         if kept and len(kept) < len(parent.schemas):
             order = sorted(kept)
@@ -225,7 +217,7 @@ class PartialJson:
             value = c.shortest(c.root)
             return [None if value is None else (value, [""])]
         if f.kind in ("string", "scalar"):
-            ends = (_finish_leaf(f, b, c) for b in f.schemas)
+            ends = (finish_leaf(f, b, c) for b in f.schemas)
             return [None if e is None else (e, [f.pointer]) for e in ends]
         above = self.stack[depth + 1].kind if depth + 1 < len(self.stack) else None
         key = (f.kind, f.state, f.keys, f.count, f.key, above, f.pointer, *map(id, f.schemas))
@@ -237,7 +229,7 @@ class PartialJson:
         return self._closed[key]
 
     def _close_container(
-        self, f: _Frame, node: Schema, above: str | None
+        self, f: Frame, node: Schema, above: str | None
     ) -> tuple[str, list[str]] | None:
         """The text that closes container `f` under branch `node`; `above`: the kind of the
         open frame inside it (already closed by then), None when `f` is innermost."""
@@ -268,18 +260,18 @@ class PartialJson:
             if value is None:
                 return None
             head = (c.colon if f.state == "colon" else "") + value
-            cut.append(f.pointer + "/" + _escape(f.key))
+            cut.append(f.pointer + "/" + pointer_escape(f.key))
         members = c.required_members(node, f.keys)
         if members is not None and f.state == "key" and not members:
             members = _cheapest_member(c, node, f.keys)  # after a comma a property must follow
         if members is None:
             return None
-        cut += [f.pointer + "/" + _escape(m[0]) for m in members]
+        cut += [f.pointer + "/" + pointer_escape(m[0]) for m in members]
         texts = [c.dumps(k) + c.colon + v for k, v in members]
         after = f.state != "key_or_end" and f.state != "key"
         return head + (c.comma if texts and after else "") + c.comma.join(texts) + "}", cut
 
-    def _close_key(self, f: _Frame, node: Schema, cut: list[str]) -> tuple[str, list[str]] | None:
+    def _close_key(self, f: Frame, node: Schema, cut: list[str]) -> tuple[str, list[str]] | None:
         """An object whose innermost open value is a property name: finish the name (a declared
         property it may still become, or itself where any name is allowed), its value, the
         missing required properties, and the object."""
@@ -304,7 +296,7 @@ class PartialJson:
             text += (c.comma if texts else "") + c.comma.join(texts) + "}"
             if best is None or len(text) < len(best[0]):
                 names_cut = [name] + [k for k, _ in rest]
-                best = (text, cut + [f.pointer + "/" + _escape(n) for n in names_cut])
+                best = (text, cut + [f.pointer + "/" + pointer_escape(n) for n in names_cut])
         return best
 
 
@@ -339,98 +331,3 @@ def _cheapest_member(c: JsonCloser, node: Schema, present: tuple[str, ...]):
     options = [(n, v) for n, v in options if v is not None]
     best = min(options, key=lambda o: len(c.dumps(o[0])) + len(o[1]), default=None)
     return None if best is None else [best]
-
-
-def _finish_leaf(f: _Frame, node: Schema, closer: JsonCloser) -> str | None:
-    """The rest of an open string (closing quote included) or scalar, valid under `node`."""
-    if f.kind == "scalar":
-        for lit in _LITERALS:
-            if lit.startswith(f.text):
-                return lit[len(f.text) :] if number_ok(node, json.loads(lit)) else None
-        base = "0" if f.text[-1] in "-+eE." else ""
-        grow = not any(ch in f.text for ch in ".eE")  # digits may still be appended
-        for rest in (base + "0" * k for k in range(4 if grow else 1)):
-            try:
-                value = json.loads(f.text + rest)
-            except ValueError:
-                return None
-            if number_ok(node, value):
-                return rest
-        return None
-    head, text = "", f.text
-    if f.escape:
-        head = _finish_escape(f.escape)
-        if head is None:
-            return None
-        text += json.loads('"' + f.escape + head + '"')
-    if not isinstance(node, dict):
-        return None if node is False else head + '"'
-    if "const" in node or "enum" in node:
-        values = [node["const"]] if "const" in node else node["enum"]
-        fits = [v[len(text) :] for v in values if isinstance(v, str) and v.startswith(text)]
-        rest = min(fits, key=len, default=None)
-    else:
-        rest = complete_string(node, text)
-    return None if rest is None else head + json.dumps(rest, ensure_ascii=False)[1:]
-
-
-def _holds(f: _Frame, node: Schema) -> bool:
-    """Whether the complete value of frame `f` may be valid under branch `node` (its type was
-    checked when it opened; keywords not looked at here count as satisfied)."""
-    if not isinstance(node, dict):
-        return node is not False
-    if f.kind == "scalar":
-        try:
-            return number_ok(node, json.loads(f.text))
-        except ValueError:
-            return False
-    if f.kind == "string":
-        if "const" in node or "enum" in node:
-            return f.text in ([node["const"]] if "const" in node else node["enum"])
-        rest = complete_string(node, f.text)
-        return rest in (None, "") and len(f.text) <= node.get("maxLength", len(f.text))
-    n = len(f.keys) if f.kind == "object" else f.count
-    if f.kind == "object" and not set(node.get("required", ())) <= set(f.keys):
-        return False
-    kind = "Properties" if f.kind == "object" else "Items"
-    return node.get("min" + kind, 0) <= n <= node.get("max" + kind, n)
-
-
-def _admits_type(node: Schema, kind: str) -> bool:
-    """Whether `node` may describe a value starting with a character of `kind`."""
-    if not isinstance(node, dict):
-        return node is True
-    if "const" in node or "enum" in node:
-        values = [node["const"]] if "const" in node else node["enum"]
-        return any(json_kind(v) in (kind, "null" if kind != "string" else "") for v in values)
-    types = node.get("type") or implied_types(node)
-    types = {types} if isinstance(types, str) else set(types)
-    if kind == "number":
-        return bool(types & {"number", "integer", "null"})
-    return kind in types or (kind == "boolean" and "null" in types)
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _finish_escape(e: str) -> str | None:
-    """The shortest rest of the escape sequence `e` that makes it one character (a high
-    surrogate gets a low one after it)."""
-    if e == "\\":
-        return "n"
-    if len(e) < 6:
-        head = "0" * (6 - len(e))
-        return head + "\\udc00" if _HIGH.fullmatch(e + head) else head if _good(e + head) else None
-    low = "\\udc00"
-    head = low[len(e) - 6 :] if low.startswith(e[6:]) else "0" * (12 - len(e))
-    return head if _good(e + head) else None
-
-
-def _good(escape: str) -> bool:
-    """Whether a complete escape sequence decodes to a character JSON text may hold alone."""
-    try:
-        ch = json.loads('"' + escape + '"')
-    except ValueError:
-        return False
-    return not 0xD800 <= ord(ch) <= 0xDFFF

@@ -23,10 +23,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from corral.grammar.partial_json import CharStream, PartialJson
 from corral.grammar.shortest import JsonCloser
 
 if TYPE_CHECKING:
-    from corral.grammar.partial_json import PartialJson
     from corral.grammar.structural_tag import StructuralTag
 
 
@@ -64,7 +64,7 @@ class TagCloser:
         return PartialTag(self)
 
 
-class PartialTag:
+class PartialTag(CharStream):
     """The output so far under a `TagCloser` (interface of `partial_json.PartialJson`)."""
 
     def __init__(self, closer: TagCloser) -> None:
@@ -80,12 +80,6 @@ class PartialTag:
         new = copy.copy(self)
         new.json = None if self.json is None else self.json.copy()
         return new
-
-    def feed(self, text: str) -> None:
-        for ch in text:
-            if self.broken:
-                return
-            self._char(ch)
 
     def _char(self, ch: str) -> None:
         tag = self.closer.tag

@@ -1,0 +1,146 @@
+"""One open value of a partial JSON instance (`partial_json`): its frame, and how it may finish.
+
+`finish_leaf` writes the shortest rest of an open string or scalar that a branch allows;
+`holds` says whether a finished value may be valid under a branch; `admits_type` whether a
+branch may describe a value that starts as this one does. Strings are finished with their
+escapes: a half-written escape becomes one character, a high surrogate gets a low one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from corral.grammar.shortest import (
+    JsonCloser,
+    Schema,
+    complete_string,
+    implied_types,
+    json_kind,
+    number_ok,
+)
+
+LITERALS = ("true", "false", "null")
+HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # the escape of a high surrogate
+
+
+@dataclass
+class Frame:
+    """One open value. `kind`: top, object, array, string, key, scalar. `state` (containers):
+    what comes next; `text`: a string's or scalar's characters so far; `keys`: properties
+    present; `count`: items so far; `key`: the property whose value is being written;
+    `parents[i]`: the indices of the enclosing frame's branches that `schemas[i]` came from."""
+
+    kind: str
+    schemas: list[Schema]
+    pointer: str
+    parents: list[frozenset[int]] = field(default_factory=list)
+    state: str = "value"
+    text: str = ""
+    escape: str = ""  # an unfinished escape sequence inside a string
+    keys: tuple[str, ...] = ()
+    count: int = 0
+    key: str = ""
+
+
+def finish_leaf(f: Frame, node: Schema, closer: JsonCloser) -> str | None:
+    """The rest of an open string (closing quote included) or scalar, valid under `node`."""
+    if f.kind == "scalar":
+        for lit in LITERALS:
+            if lit.startswith(f.text):
+                return lit[len(f.text) :] if number_ok(node, json.loads(lit)) else None
+        base = "0" if f.text[-1] in "-+eE." else ""
+        grow = not any(ch in f.text for ch in ".eE")  # digits may still be appended
+        for rest in (base + "0" * k for k in range(4 if grow else 1)):
+            try:
+                value = json.loads(f.text + rest)
+            except ValueError:
+                return None
+            if number_ok(node, value):
+                return rest
+        return None
+    head, text = "", f.text
+    if f.escape:
+        head = finish_escape(f.escape)
+        if head is None:
+            return None
+        text += json.loads('"' + f.escape + head + '"')
+    if not isinstance(node, dict):
+        return None if node is False else head + '"'
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        fits = [v[len(text) :] for v in values if isinstance(v, str) and v.startswith(text)]
+        rest = min(fits, key=len, default=None)
+    else:
+        rest = complete_string(node, text)
+    return None if rest is None else head + json.dumps(rest, ensure_ascii=False)[1:]
+
+
+def holds(f: Frame, node: Schema) -> bool:
+    """Whether the complete value of frame `f` may be valid under branch `node` (its type was
+    checked when it opened; keywords not looked at here count as satisfied)."""
+    if not isinstance(node, dict):
+        return node is not False
+    if f.kind == "scalar":
+        try:
+            return number_ok(node, json.loads(f.text))
+        except ValueError:
+            return False
+    if f.kind == "string":
+        if "const" in node or "enum" in node:
+            return f.text in ([node["const"]] if "const" in node else node["enum"])
+        rest = complete_string(node, f.text)
+        return rest in (None, "") and len(f.text) <= node.get("maxLength", len(f.text))
+    n = len(f.keys) if f.kind == "object" else f.count
+    if f.kind == "object" and not set(node.get("required", ())) <= set(f.keys):
+        return False
+    kind = "Properties" if f.kind == "object" else "Items"
+    return node.get("min" + kind, 0) <= n <= node.get("max" + kind, n)
+
+
+def admits_type(node: Schema, kind: str) -> bool:
+    """Whether `node` may describe a value starting with a character of `kind`."""
+    if not isinstance(node, dict):
+        return node is True
+    if "const" in node or "enum" in node:
+        values = [node["const"]] if "const" in node else node["enum"]
+        return any(json_kind(v) in (kind, "null" if kind != "string" else "") for v in values)
+    types = node.get("type") or implied_types(node)
+    types = {types} if isinstance(types, str) else set(types)
+    if kind == "number":
+        return bool(types & {"number", "integer", "null"})
+    return kind in types or (kind == "boolean" and "null" in types)
+
+
+def pointer_escape(key: str) -> str:
+    """`key` as one JSON-pointer segment."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def finish_escape(e: str) -> str | None:
+    """The shortest rest of the escape sequence `e` that makes it one character (a high
+    surrogate gets a low one after it)."""
+    if e == "\\":
+        return "n"
+    if len(e) < 6:
+        head = "0" * (6 - len(e))
+        return (
+            head + "\\udc00"
+            if HIGH_SURROGATE.fullmatch(e + head)
+            else head
+            if lone_char(e + head)
+            else None
+        )
+    low = "\\udc00"
+    head = low[len(e) - 6 :] if low.startswith(e[6:]) else "0" * (12 - len(e))
+    return head if lone_char(e + head) else None
+
+
+def lone_char(escape: str) -> bool:
+    """Whether a complete escape sequence decodes to a character JSON text may hold alone."""
+    try:
+        ch = json.loads('"' + escape + '"')
+    except ValueError:
+        return False
+    return not 0xD800 <= ord(ch) <= 0xDFFF
