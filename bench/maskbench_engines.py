@@ -22,6 +22,7 @@ from corral.fuzz.targets import CorralTarget, Refused, Target, make_target, targ
 from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import TokenizerInfo
 from corral.grammar.walk import check_instances
+from corral.heap import freeze_startup_heap
 from corral.supervisor import child_channel
 
 CORRAL_CACHED = ("corral-cold", "corral-warm")
@@ -101,6 +102,7 @@ def main() -> None:
     config = json.loads(init)
     tok = llama3_tokenizer()
     engine = make_engine(config["engine"], tok, config["cache_dir"])
+    freeze_startup_heap()  # as `corral serve` does, for every engine alike
     channel.send(b"ready")
     while (frame := channel.recv()) is not None:
         path = frame.decode()

@@ -166,6 +166,7 @@ class OverlapLoop:
                 seq.output_ids.append(PENDING)
                 item.settled = True
                 rows[seq] = row
+                _drop_stale_draft(seq)
             taken.append(item)
             row += item.draft_len + 1
         if drawn is None:
@@ -187,6 +188,15 @@ def _void(item: ScheduledSeq) -> bool:
     """Its input was step n's token, but n's postprocessing ended it or appended forced tokens
     after that token: the row sampled the wrong position (or nothing)."""
     return item.seq.finished or item.seq.num_forced > 0
+
+
+def _drop_stale_draft(seq: Sequence) -> None:
+    """Drop the draft n's postprocessing made for `seq`, now settled in n+1: it continues n's
+    token, but the next step feeds it after n+1's token (a placeholder until then). Fed there,
+    it would also be verified against the draft n+1's postprocessing makes, not against itself,
+    and the KV of a rejected draft token would be counted as computed. So the draft a step feeds
+    is always the one its postprocessing verifies."""
+    seq.draft, seq.draft_hint, seq.draft_looked_up = [], None, False
 
 
 def _pending(plan: Schedule, prev: Launched | None) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -39,8 +39,16 @@ _ANCHORS = {
 _UNSUPPORTED_FLAGS = re.IGNORECASE | re.MULTILINE | re.VERBOSE | re.DOTALL | re.ASCII | re.LOCALE
 
 
-def translate_regex(pattern: str, *, keyword: str = "regex", pointer: str = "") -> str:
-    """The backend-dialect regex that matches exactly the strings Python's ``re`` matches."""
+def translate_regex(
+    pattern: str, *, keyword: str = "regex", pointer: str = "", search: bool = False
+) -> str:
+    """The backend-dialect regex that matches exactly the strings Python's ``re`` matches.
+
+    ``search``: the regex is only ever used to search (a JSON-Schema pattern), so repetitions at
+    its unanchored ends are cut to their least count (:func:`_search_core`): the same strings
+    contain a match, and the backend's lexer is spared a counted repetition it would have to
+    track at every position (``\\w{1,16}`` over all of Unicode's word characters ran its lexer
+    out of expressions)."""
     try:
         parsed = P.parse(pattern)
     except (re.error, RecursionError, OverflowError) as e:
@@ -53,7 +61,41 @@ def translate_regex(pattern: str, *, keyword: str = "regex", pointer: str = "") 
             pointer,
             keyword,
         )
-    return _Printer(pattern, keyword, pointer).seq(list(parsed))
+    items = list(parsed)
+    return _Printer(pattern, keyword, pointer).seq(_search_core(items) if search else items)
+
+
+def _search_core(items: list) -> list:
+    """``items`` with the repetitions at both ends cut to their least count, ``X{m,n}`` to
+    ``X{m}`` (dropped when ``m`` is 0); a pattern that is one alternation or one group is cut
+    inside. A string contains a match of ``R X{m,n}`` exactly when it contains one of ``R X{m}``
+    (the match's prefix), and likewise at the front; anchors and look-arounds inside are
+    evaluated at the same positions. A pattern that would be cut to nothing is left whole."""
+    if len(items) == 1 and items[0][0] is C.BRANCH:
+        _, branches = items[0][1]
+        return [(C.BRANCH, (None, [_search_core(list(b)) for b in branches]))]
+    if len(items) == 1 and items[0][0] is C.SUBPATTERN and not any(items[0][1][1:3]):
+        return _search_core(list(items[0][1][3]))
+    out = _cut(_cut(list(items), front=True), front=False)
+    return out or items
+
+
+def _cut(items: list, *, front: bool) -> list:
+    """``items`` with the repetitions at one end cut to their least count (in place)."""
+    at = 0 if front else -1
+    while items and items[at][0] in (C.MAX_REPEAT, C.MIN_REPEAT):
+        lo, hi, sub = items[at][1]
+        if lo == hi:
+            break
+        if lo > 1:
+            items[at] = (C.MAX_REPEAT, (lo, lo, sub))
+            break
+        piece = list(sub) if lo == 1 else []
+        if front:
+            items[:1] = piece
+        else:
+            items[-1:] = piece
+    return items
 
 
 class _Printer:

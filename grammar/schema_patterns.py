@@ -3,7 +3,8 @@
 JSON Schema patterns mean what the judge's regex engine (Python `re`) says, with search
 semantics (unanchored unless the pattern anchors itself). llguidance also searches unless the
 pattern carries `^`/`$`, and `translate_regex` keeps those anchors, so a translation keeps the
-search semantics; what it changes is the character classes, spelt out from Python's tables.
+search semantics; what it changes is the character classes, spelt out from Python's tables, and
+repetitions at unanchored ends, cut to their least count (`\\w{1,16}` searches as `\\w`).
 
 Two strengths are needed:
 * a `pattern` (or a `propertyNames` pattern turned into a closed key pattern) may be *narrowed*:
@@ -64,12 +65,13 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
         except (re.error, RecursionError, OverflowError) as e:
             return Translation(refusal=f"invalid regular expression {pattern!r}: {e}", invalid=True)
         try:
-            narrowed = translate_regex(pattern)
+            narrowed = translate_regex(pattern, search=True)
             if not exact:
                 shorthands = exact_shorthands(pattern) != pattern
                 return Translation(narrowed, rewrite=PATTERN_NARROWED if shorthands else "")
             source = exact_shorthands(pattern)
-            return Translation(narrowed if source == pattern else translate_regex(source))
+            exact_regex = narrowed if source == pattern else translate_regex(source, search=True)
+            return Translation(exact_regex)
         except ConstraintError as e:
             # a look-around with a regular meaning, printed without it; keys stay refused (the
             # printed form leaves out strings with lone surrogates: a narrowing)

@@ -72,7 +72,7 @@ class ConstraintSpec:
     """A constraint as the client gave it; frozen, hashable, with a process-stable digest.
 
     ``source`` is the canonical text of the constraint: a JSON schema serialised compactly with
-    its keywords sorted (see :func:`_canonical`),
+    its keywords sorted, those that merge properties kept in order (see :func:`_canonical`),
     a regex, a grammar, or a JSON list of choices. ``strict`` False means lenient: keywords that
     cannot be enforced exactly are reported instead of refused.
     """
@@ -242,6 +242,12 @@ def _refuse_constant(name: str) -> None:
 
 # Keywords whose values are JSON data, not schemas: left exactly as given.
 _DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+# Keywords an object's properties are merged from. Where several sit side by side, llguidance
+# lays the merged properties out in the order the keywords come: `{"properties": {"a": ..},
+# "anyOf": [{"properties": {"b": ..}}]}` generates a before b, with `anyOf` first b before a.
+# (`oneOf`, `if`, `not` and dependencies are rewritten into conjuncts placed after all of these,
+# wherever they stand, so their position changes nothing.)
+_LAYOUT_KEYWORDS = frozenset(("properties", "allOf", "anyOf", "$ref"))
 _CONTAINERS = (dict, list)
 
 
@@ -259,8 +265,9 @@ def _canonical_text(schema: Any) -> str:
 
 def _canonical(node: Any, depth: int = 1) -> Any:
     """Sort schema keywords, so keyword order does not split the cache, but keep the member order
-    of ``properties``: the backends lay out object properties in the order the schema declares
-    them, so that order is part of the constraint.
+    of ``properties`` and the relative order of the keywords properties are merged from
+    (:func:`_keyword_order`): the backends lay out object properties in the order the schema
+    declares them, so that order is part of the constraint.
 
     ``depth`` is the node's JSON level, counted as ``check_document`` counts it: a container
     deeper than ``MAX_NESTING_DEPTH`` raises _TooDeep before the recursion goes any further."""
@@ -273,7 +280,7 @@ def _canonical(node: Any, depth: int = 1) -> Any:
     if depth > MAX_NESTING_DEPTH:
         raise _TooDeep
     out = {}
-    for key in sorted(node):
+    for key in _keyword_order(node):
         value = node[key]
         if not isinstance(value, _CONTAINERS):  # a scalar is its own canonical form
             out[key] = value
@@ -288,3 +295,11 @@ def _canonical(node: Any, depth: int = 1) -> Any:
         else:
             out[key] = _canonical(value, depth + 1)
     return out
+
+
+def _keyword_order(node: dict) -> list[str]:
+    """``node``'s keywords sorted, except that the layout keywords (``_LAYOUT_KEYWORDS``) fill
+    their sorted places in the order the client wrote them: sorting them would move the
+    properties merged from ``allOf``/``anyOf``/``$ref`` before or after the node's own."""
+    layout = iter([key for key in node if key in _LAYOUT_KEYWORDS])
+    return [next(layout) if key in _LAYOUT_KEYWORDS else key for key in sorted(node)]

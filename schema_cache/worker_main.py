@@ -15,6 +15,7 @@ import tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.heap import freeze_startup_heap
 from corral.schema_cache.workers import ready_message, spec_from_request
 from corral.supervisor import child_channel
 
@@ -64,6 +65,7 @@ def main() -> None:
     )
     tok = TokenizerInfo.from_hf(hf, vocab_size=init["vocab_size"], eos_token_ids=init["eos"])
     _warm_up(tok)
+    freeze_startup_heap()  # a full collection would walk it all inside some compile
     channel.send(ready_message(tok))
     while (request := channel.recv()) is not None:
         channel.send(*_compile_reply(request, tok))

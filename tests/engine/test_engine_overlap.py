@@ -6,6 +6,7 @@ chunked prefill, the prefix cache, n > 1 and an abort in between; every KV slot 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -71,6 +72,30 @@ def test_overlap_gives_the_same_greedy_outputs_with_jump_forward(smollm2, person
     assert done, "no constrained output finished: the check is too weak"
     for c in done:
         jsonschema.validate(json.loads(c.text), PERSON)
+
+
+# Free text, then forced text that is one token or the start of a longer one (`":` or `":"`: the
+# value may be a string), then free text again: the draft of `":` is made while the sequence
+# decodes one token a step, in the postprocessing of a step whose successor is already scheduled.
+KEY_THEN_VALUE = r'\{"name":"[A-Za-z]{1,16}","(age|tags)":("[a-z]{1,8}"|[0-9]{1,3})\}'
+
+
+def test_overlap_drops_the_draft_made_for_a_step_already_scheduled(smollm2):
+    """The draft made after step n's token, while n+1 is already scheduled, must not ride on
+    n+2: n+2 feeds it after n+1's token, and n+2's postprocessing verified the draft made after
+    n+1's token instead (the KV of the fed draft token was kept as if accepted; later the
+    sequence had nothing to extend: "sequence extends by 0 tokens")."""
+    info = TokenizerInfo.from_hf(
+        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
+    )
+    regex = compile_constraint(ConstraintSpec.regex(KEY_THEN_VALUE), info)
+    params = SamplingParams(max_tokens=40, temperature=0)
+    sync, overlapped, _ = both(smollm2, [chat(smollm2, "A person, as JSON.")], params, [regex])
+    assert sync[0][0].token_ids == overlapped[0][0].token_ids
+    out = overlapped[0][0]
+    assert out.finish_reason == "stop"
+    # the key was followed by a number: `":` was drafted where `":"` could also have come
+    assert re.fullmatch(r'\{"name":"[A-Za-z]+","(age|tags)":[0-9]+\}', out.text), out.text
 
 
 def test_overlap_seeded_n_choices_and_stop_strings(tiny_model):

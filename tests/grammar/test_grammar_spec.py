@@ -97,13 +97,16 @@ def test_equal_specs_are_equal_and_hash_alike():
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "contains", "propertyNames")
+_MERGING = ("properties", "allOf", "anyOf", "$ref")
 
 
 def _shuffle_keywords(schema, rnd):
     """The same schema with the keywords of every (sub)schema object in another order.
 
     Only keyword order moves: the order of ``properties`` (which the backends generate in
-    declared order) and the values of ``const``/``enum`` are left as they are.
+    declared order), the relative order of the keywords properties are merged from
+    (``properties``, ``allOf``, ``anyOf``, ``$ref``) and the values of ``const``/``enum`` are left
+    as they are.
     """
     if not isinstance(schema, dict):
         return schema
@@ -118,7 +121,8 @@ def _shuffle_keywords(schema, rnd):
         out[k] = v
     keys = list(out)
     rnd.shuffle(keys)
-    return {k: out[k] for k in keys}
+    layout = iter([k for k in out if k in _MERGING])
+    return {k: out[k] for k in (next(layout) if k in _MERGING else k for k in keys)}
 
 
 KEYWORD_ORDER_SCHEMAS = [
@@ -132,6 +136,13 @@ KEYWORD_ORDER_SCHEMAS = [
         "maxItems": 3,
     },
     {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "not": {"const": "ab"}},
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "anyOf": [{"properties": {"b": {}}}, {"required": ["a"]}],
+        "required": ["a"],
+        "minProperties": 1,
+    },
 ]
 
 
@@ -150,6 +161,22 @@ def test_property_order_changes_the_digest():
     a = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
     b = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
     assert ConstraintSpec.json_schema(a).digest != ConstraintSpec.json_schema(b).digest
+
+
+def test_order_of_the_keywords_properties_merge_from_changes_the_digest():
+    """`properties` beside `anyOf`/`allOf`/`$ref`: the backend lays out the merged properties in
+    the order the keywords come, so that order is kept; other keywords still sort."""
+    own = {"properties": {"a": {"type": "integer"}}}
+    for merged in (
+        {"anyOf": [{"properties": {"b": {}}}]},
+        {"allOf": [{"properties": {"b": {}}}]},
+        {"$ref": "#/$defs/b", "$defs": {"b": {"properties": {"b": {}}}}},
+    ):
+        own_first = ConstraintSpec.json_schema({"type": "object", **own, **merged})
+        merged_first = ConstraintSpec.json_schema({**merged, **own, "type": "object"})
+        moved = ConstraintSpec.json_schema({**own, "type": "object", **merged})
+        assert own_first.digest != merged_first.digest, merged
+        assert own_first.digest == moved.digest, merged
 
 
 def test_list_order_does_change_the_digest():

@@ -10,12 +10,16 @@ import re
 import time
 
 import pytest
+import torch
 
 from corral.fuzz.tokenizers import llama3_tokenizer_path
+from corral.grammar import ConstraintSpec, JsonFormat, compile_constraint
 from corral.grammar.errors import ConstraintError
+from corral.grammar.regex_translate import translate_regex
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.schema_patterns import exact_shorthands, translate_pattern
 from corral.grammar.schema_size import MAX_ALTERNATIVES
+from corral.grammar.walk import accepts as walk_accepts
 
 llguidance = pytest.importorskip("llguidance")
 from test_schema_analysis import POOL, assert_equivalent, judge  # noqa: E402
@@ -87,6 +91,77 @@ def test_search_semantics_survive_translation(tok, pattern, good, bad):
         assert accepts(tok, rewritten, s), s
     for s in bad:
         assert not accepts(tok, rewritten, s), s
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "a{1,16}",
+        "a+b*",
+        "(ab)+c{2,5}",
+        "(a+b)",
+        "(?:a+b)+",
+        "^a+",
+        "a+$",
+        "^a{2,}b?$",
+        "a*",
+        "b|a+c?|^c{3,}",
+        "a+?b",
+        "ab{0,2}a",
+        "(a|b)+",
+    ],
+)
+def test_search_ends_are_cut_without_changing_what_is_found(pattern):
+    """`translate_regex(search=True)` cuts repetitions at unanchored ends to their least count;
+    over letters it prints Python syntax, so Python judges both on the same strings."""
+    cut = translate_regex(pattern, search=True)
+    rng = random.Random(pattern)
+    for _ in range(2000):
+        s = "".join(rng.choice("abc") for _ in range(rng.randint(0, 7)))
+        assert bool(re.search(pattern, s)) == bool(re.search(cut, s)), (cut, s)
+    assert translate_regex("a{1,16}", search=True) == "a"
+    assert translate_regex("^a{1,16}$", search=True) == translate_regex("^a{1,16}$")
+
+
+def test_unanchored_counted_key_pattern_stays_within_the_lexer(llama3_tokenizer):
+    """`\\w{1,16}` unanchored, over all of Unicode's word characters, next to closed objects
+    with many optional keys ran llguidance's lexer out of expressions while it computed the mask
+    at the third character of a key (MaskBench Github_hard---o12613); searched as `\\w` it is
+    the same keys. Walked mask by mask, as generation does."""
+    wireless = {k: {"type": "string"} for k in ("nasid", "acct_server", "acct_secret")}
+    wireless |= {k: {"type": "boolean"} for k in ("hidden", "isolate")}
+    wireless |= {"ssid": {"type": "string", "maxLength": 32}, "maxassoc": {"type": "integer"}}
+    wireless |= {"key": {"type": "string", "minLength": 8}, "acct_interval": {"minimum": 1}}
+    interface = {
+        "type": "object",
+        "properties": {
+            "type": {"enum": ["vlan", "wifi-ap"]},
+            "wireless": {"type": "object", "properties": wireless, "additionalProperties": False},
+        },
+        "required": ["type"],
+        "additionalProperties": False,
+    }
+    schema = {"type": "object", "patternProperties": {r"\w{1,16}": interface}}
+    tok = llama3_tokenizer
+    spec = ConstraintSpec.json_schema(schema, json_format=JsonFormat.python_default())
+    compiled = compile_constraint(spec, tok)
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+
+    def walks(instance) -> bool:
+        text = json.dumps(instance, ensure_ascii=False)
+        return walk_accepts(compiled.matcher(), tok.encode(text), bitmask)
+
+    good = [
+        {"eth0": {"type": "vlan"}},
+        {"wlan0": {"type": "wifi-ap", "wireless": {"ssid": "x", "key": "password1"}}},
+        {"\u00e9": {"type": "vlan"}},
+        {"-": 5},
+    ]
+    for instance in good:
+        assert judge(schema).is_valid(instance) and walks(instance), instance
+    for instance in ({"\u00e9": 5}, {"-x": 5}, {"eth0": {"type": "lo"}}):
+        assert not judge(schema).is_valid(instance), instance
+        assert not walks(instance), instance
 
 
 def test_look_around_is_refused_or_reported():
