@@ -186,7 +186,9 @@ def _constraint_stats(
     (they compile into one constraint), yielded after each tool."""
     if fmt is not None:
         if fmt.type == "json_schema":
-            yield fmt.param, schema_stats(fmt.json_schema.schema_)
+            from corral.api.schema_forms import FORMS  # it imports this module
+
+            yield fmt.param, FORMS.stats(fmt.schema_form(), fmt.json_schema.schema_)
         elif fmt.type == "regex":
             yield fmt.param, SchemaStats(size=_text_bytes(fmt.regex))
         elif fmt.type == "grammar":

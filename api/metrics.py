@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.api.schema_forms import FORMS
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
@@ -94,6 +96,15 @@ class _StatsCollector(Collector):
     def collect(self) -> Iterator[Any]:
         yield from _engine_metrics(self._engine())  # read now: never older than the scrape
         yield from _compile_metrics(self._compiles())
+        forms = CounterMetricFamily(
+            "corral_schema_forms",
+            "json_schema response formats by where their spec came from: derived from the schema, "
+            "remembered from an earlier request, or seeded by another replica's published entry",
+            labels=["source"],
+        )
+        for source, n in FORMS.counts.items():
+            forms.add_metric([source], float(n))
+        yield forms
         yield GaugeMetricFamily(
             "corral_requests_in_flight",
             "requests admitted and not finished",

@@ -28,6 +28,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from corral.api.errors import ApiError, constraint_error
 from corral.api.responses import Unenforced
+from corral.api.schema_forms import FORMS, form_of
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, JsonFormat
 from corral.grammar.schema_close import close_objects
 
@@ -91,6 +92,13 @@ class JsonObjectFormat(_Format):
 class JsonSchemaResponseFormat(_Format):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
+    _form: str | None = PrivateAttr(default=None)
+
+    def schema_form(self) -> str:
+        """The schema's form (``schema_forms.form_of``), computed once per request."""
+        if self._form is None:
+            self._form = form_of(self.json_schema.schema_)
+        return self._form
 
     def _default_param(self) -> str:
         return "response_format.json_schema.schema"
@@ -318,10 +326,16 @@ def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
         return FormatSpec(ConstraintSpec.json_object(json_format=layout), fmt.param)
     if isinstance(fmt, JsonSchemaResponseFormat):
         strict = fmt.json_schema.strict is not False  # absent means strict: fail closed
-        sent = fmt.json_schema.schema_
-        schema = close_objects(sent) if closed or fmt._force_closed else sent
-        spec = ConstraintSpec.json_schema(schema, strict=strict, json_format=layout)
-        return FormatSpec(spec, fmt.param, schema != sent)
+        closing = closed or fmt._force_closed
+        key = (fmt.schema_form(), strict, closing, layout is not None)
+        found = FORMS.spec(key)  # derived before, here or (seeded) on another replica
+        if found is None:
+            sent = fmt.json_schema.schema_
+            schema = close_objects(sent) if closing else sent
+            spec = ConstraintSpec.json_schema(schema, strict=strict, json_format=layout)
+            found = spec, schema != sent
+            FORMS.remember(key, *found)
+        return FormatSpec(found[0], fmt.param, found[1])
     if isinstance(fmt, RegexFormat):
         return FormatSpec(ConstraintSpec.regex(fmt.regex), fmt.param)
     if isinstance(fmt, GrammarFormat):

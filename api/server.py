@@ -23,9 +23,10 @@ def build_state(config: ServerConfig) -> ServerState:
 
     torch.set_num_threads(1)
     from corral.api.request_params import prepare_budget_close
+    from corral.api.schema_forms import FORMS
     from corral.engine.assets import load_model
     from corral.engine.async_engine import AsyncEngine
-    from corral.grammar import TokenizerInfo
+    from corral.grammar import ConstraintSpec, TokenizerInfo
     from corral.paths import constraints_root
     from corral.schema_cache import CacheConfig, CompileService
 
@@ -49,7 +50,12 @@ def build_state(config: ServerConfig) -> ServerState:
         redis_url=config.cache_url,
         redis_prefetch=config.cache_prefetch,
     )
-    compiler = CompileService(tok, cache, prepare=prepare_budget_close)
+
+    def prepare(spec: ConstraintSpec, published: dict) -> None:  # a prefetched constraint
+        prepare_budget_close(spec)
+        FORMS.seed(spec, published)
+
+    compiler = CompileService(tok, cache, prepare=prepare, describe=FORMS.describe)
     engine = AsyncEngine(
         model,
         config.engine_config(),
@@ -89,6 +95,7 @@ def serve(config: ServerConfig) -> int:
     import uvicorn
 
     from corral.api.app import create_app
+    from corral.heap import freeze_startup_heap
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -101,6 +108,7 @@ def serve(config: ServerConfig) -> int:
     )
     state = build_state(config)
     app = create_app(state)
+    freeze_startup_heap()  # no full collection walks what start-up loaded (corral/heap.py)
     app.state.on_ready = lambda: print(
         startup_line(state) + f" — ready in {time.monotonic() - t0:.1f}s", flush=True
     )

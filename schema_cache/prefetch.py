@@ -16,8 +16,9 @@ the request that comes later is a memory hit.
   arrives meanwhile waits for it rather than loading the entry again (``service``).
 * **Ready to use**: a loaded entry is made ready (:func:`make_ready`) before it is served, to
   requests that joined the load too: warmed the way a compile leaves it, and with what the
-  server prepares per constraint besides (the budget closer of a JSON schema: ``service``'s
-  ``prepare``) built from the constraint published with the entry (:func:`spec_bytes`).
+  server prepares per constraint besides (the budget closer of a JSON schema, the schema forms
+  the publisher derived it from: ``service``'s ``prepare``) built from the constraint
+  published with the entry (:func:`spec_bytes`).
 * **Redis down**: the listener stops with the circuit open, and listens again once Redis
   answers. Entries announced meanwhile are not replayed: a request fetches them as before.
 """
@@ -29,6 +30,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from corral.grammar import CompiledConstraint, ConstraintSpec, TokenizerInfo
 from corral.grammar.probe import probe
@@ -37,6 +39,9 @@ from corral.schema_cache.redis_store import RedisStore
 from corral.schema_cache.stats import CacheStats
 
 log = logging.getLogger(__name__)
+
+#: What a server builds per prefetched constraint: ``prepare(spec, extra)`` (see ``make_ready``).
+Prepare = Callable[[ConstraintSpec, dict[str, Any]], object]
 
 MAX_BACKLOG = 64  # announcements waiting for the loader; later ones are dropped
 _STOP_TIMEOUT_S = 5.0  # the listener looks up every redis_store._LISTEN_POLL_S
@@ -103,7 +108,7 @@ def make_ready(
     key: str,
     tok: TokenizerInfo,
     store: RedisStore,
-    prepare: Callable[[ConstraintSpec], object] | None,
+    prepare: Prepare | None,
 ) -> None:
     """Build what the first request for a loaded entry would otherwise build on its way:
 
@@ -112,20 +117,23 @@ def make_ready(
       copy of the prototype. A compile leaves them behind (its probe walks those positions); an
       entry loaded from bytes has none. The probe's verdict is not needed: the replica that
       compiled the entry probed it.
-    * ``prepare(spec)`` (the API's budget closer, tens of milliseconds for a large schema), on
-      the constraint published beside the entry, if it is there and is the entry's own.
+    * ``prepare(spec, extra)`` (the API's budget closer, tens of milliseconds for a large
+      schema, and the schema forms it learns: ``api.schema_forms``), on the constraint
+      published beside the entry, if it is there and is the entry's own.
     """
     cursor = compiled.matcher().native_cursor()  # None: xgrammar, which builds nothing lazily
     if cursor is not None:
         probe(cursor, tok)
     if prepare is not None:
-        spec = spec_from_bytes(store.spec(key), compiled.spec_digest)
-        if spec is not None:
-            prepare(spec)
+        found = read_spec(store.spec(key), compiled.spec_digest)
+        if found is not None:
+            prepare(*found)
 
 
-def spec_bytes(spec: ConstraintSpec) -> bytes:
-    """``spec`` as JSON, published beside its entry for the replicas that prefetch it."""
+def spec_bytes(spec: ConstraintSpec, extra: dict[str, Any] | None = None) -> bytes:
+    """``spec`` as JSON, published beside its entry for the replicas that prefetch it, with
+    ``extra``: what the publishing server says about it besides (``CompileService``'s
+    ``describe``), handed to the prefetching server's ``prepare``."""
     f = spec.json_format
     return json.dumps(
         {
@@ -134,13 +142,15 @@ def spec_bytes(spec: ConstraintSpec) -> bytes:
             "strict": spec.strict,
             "json_format": [f.item_separator, f.key_separator, f.flexible, f.max_whitespace],
             "reasoning": list(spec.reasoning) if spec.reasoning is not None else None,
+            "extra": extra or {},
         }
     ).encode()
 
 
-def spec_from_bytes(data: bytes | None, spec_digest: str) -> ConstraintSpec | None:
-    """The spec :func:`spec_bytes` wrote, or None when there is none, it does not parse, or it
-    is not the constraint announced (another digest)."""
+def read_spec(data: bytes | None, spec_digest: str) -> tuple[ConstraintSpec, dict] | None:
+    """The spec :func:`spec_bytes` wrote and its ``extra`` (``{}`` when there is none or it is
+    not an object), or None when there is no spec, it does not parse, or it is not the
+    constraint announced (another digest)."""
     if data is None:
         return None
     try:
@@ -155,4 +165,13 @@ def spec_from_bytes(data: bytes | None, spec_digest: str) -> ConstraintSpec | No
         )
     except (ValueError, KeyError, TypeError, IndexError):  # ConstraintError is a ValueError
         return None
-    return spec if spec.digest == spec_digest else None
+    if spec.digest != spec_digest:
+        return None
+    extra = d.get("extra")
+    return spec, extra if isinstance(extra, dict) else {}
+
+
+def spec_from_bytes(data: bytes | None, spec_digest: str) -> ConstraintSpec | None:
+    """The spec of :func:`read_spec`, without its extra."""
+    found = read_spec(data, spec_digest)
+    return found[0] if found is not None else None

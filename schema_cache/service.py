@@ -30,7 +30,8 @@
 * With ``config.redis_prefetch`` too, entries other replicas compile and announce are loaded
   into memory in the background (``prefetch``), leading their flight like a miss: a request
   that arrives meanwhile joins it; one that joined a load that found nothing looks again. Each
-  loaded entry is made ready first (``prefetch.make_ready``: warmed, and ``prepare(spec)``).
+  loaded entry is made ready first (``prefetch.make_ready``: warmed, and ``prepare(spec, extra)``
+  with what the publisher's ``describe(spec)`` said).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from corral.schema_cache.config import CacheConfig
 from corral.schema_cache.disk import STORE_VERSION, DiskStore
 from corral.schema_cache.flights import CompileCancelled, Flight, FlightMissed, Flights, bridge
 from corral.schema_cache.memory import MemoryLRU, RefusalCache, copy_refusal
-from corral.schema_cache.prefetch import Prefetcher, make_ready, spec_bytes
+from corral.schema_cache.prefetch import Prefetcher, Prepare, make_ready, spec_bytes
 from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
 from corral.schema_cache.stats import CacheStats
 from corral.schema_cache.threads import DaemonThreads, SerialQueue, weak_gate
@@ -87,18 +88,22 @@ class Lookup(NamedTuple):
 class CompileService:
     """The compiled-constraint cache and compiler for one tokenizer.
 
-    ``prepare(spec)``: what the server builds per constraint besides its compiled form (the
-    API's budget closer), run on each prefetched constraint so its first request finds it built.
+    ``prepare(spec, extra)``: what the server builds per constraint besides its compiled form
+    (the API's budget closer), run on each prefetched constraint so its first request finds it
+    built; ``extra`` is what the publishing server's ``describe(spec)`` returned (JSON), published
+    beside its entry (the API's schema forms).
     """
 
     def __init__(
         self,
         tok: TokenizerInfo,
         config: CacheConfig | None = None,
-        prepare: Callable[[ConstraintSpec], object] | None = None,
+        prepare: Prepare | None = None,
+        describe: Callable[[ConstraintSpec], dict] | None = None,
     ) -> None:
         self.tok = tok
         self._prepare = prepare
+        self._describe = describe
         self.config = config or CacheConfig()
         self._stats = CacheStats()
         self.memory = MemoryLRU(
@@ -347,7 +352,8 @@ class CompileService:
     ) -> None:
         """To Redis now (other replicas may be waiting for it), then to disk behind."""
         data = compiled.to_bytes()
-        self.shared.publish(key, data, lease, compiled.spec_digest, spec_bytes(spec))
+        extra = self._describe(spec) if self._describe is not None else None
+        self.shared.publish(key, data, lease, compiled.spec_digest, spec_bytes(spec, extra))
         if self.disk.enabled:
             self._writes.submit(self.disk.write, path, data)
 

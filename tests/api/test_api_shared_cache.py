@@ -120,5 +120,9 @@ def test_a_schema_one_server_compiled_is_in_the_others_memory_before_it_is_asked
         assert metric(other, 'corral_constraint_compiles_total{source="compiled"}') == 0
         assert metric(other, 'corral_constraint_compiles_total{source="redis"}') == 0
         assert metric(other, 'corral_constraint_compiles_total{source="memory"}') == 1
+        # nor derived the spec from the schema: the publisher's form of it came with the entry
+        assert metric(other, 'corral_schema_forms_total{source="seeded"}') == 1
+        assert metric(other, 'corral_schema_forms_total{source="remembered"}') == 1
+        assert metric(other, 'corral_schema_forms_total{source="derived"}') == 0
     finally:
         stop_server(other)

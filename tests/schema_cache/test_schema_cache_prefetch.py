@@ -5,6 +5,8 @@ costs no error, and prefetching resumes."""
 
 from __future__ import annotations
 
+import json
+
 import logging
 
 from schema_cache_child import specs
@@ -19,7 +21,7 @@ from schema_cache_helpers import (
 from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, TokenizerInfo
 from corral.schema_cache import CacheConfig, CompileService
-from corral.schema_cache.prefetch import spec_bytes, spec_from_bytes
+from corral.schema_cache.prefetch import read_spec, spec_bytes, spec_from_bytes
 from corral.schema_cache.redis_store import ANNOUNCE
 
 # About half a second to compile and as long to load: long enough to catch a load in flight.
@@ -144,22 +146,35 @@ def test_without_prefetch_nothing_listens(redis, redis_server, make_service, tmp
 
 
 def test_a_prefetched_constraint_is_prepared_before_its_first_request(
-    redis, redis_server, make_service, llama3_tokenizer, tmp_path
+    redis, redis_server, llama3_tokenizer, tmp_path
 ):
-    """The server's per-constraint preparation (the API's budget closer) runs on the constraint
-    published beside the entry, checked against the announced digest, before the entry counts
-    as prefetched; a spec that is not the announced one is never prepared."""
+    """The server's per-constraint preparation (the API's budget closer and schema forms) runs
+    on the constraint published beside the entry, with what the publisher's ``describe`` said
+    about it, checked against the announced digest, before the entry counts as prefetched; a
+    spec that is not the announced one is never prepared."""
     spec = ConstraintSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
-    prepared: list[ConstraintSpec] = []
-    config = CacheConfig(root=tmp_path / "here", redis_url=redis_server.url, isolation="thread")
-    with CompileService(llama3_tokenizer, config, prepare=prepared.append) as here:
-        publisher = make_service(root=tmp_path / "publisher", redis_url=redis_server.url)
+    prepared: list[tuple[ConstraintSpec, dict]] = []
+    said = {"forms": [["said by the publisher"]], "n": 1}
+    here_config = CacheConfig(root=tmp_path / "here", redis_url=redis_server.url, isolation="thread")
+    there_config = CacheConfig(
+        root=tmp_path / "publisher", redis_url=redis_server.url, isolation="thread"
+    )
+    with (
+        CompileService(
+            llama3_tokenizer, here_config, prepare=lambda s, e: prepared.append((s, e))
+        ) as here,
+        CompileService(llama3_tokenizer, there_config, describe=lambda s: said) as publisher,
+    ):
         wait_until(lambda: listeners(redis) == 2, 10, "both replicas to listen")
         publisher.get_or_compile(spec)
         wait_until(lambda: here.stats()["prefetched"] == 1, 30, "the entry to load")
-        assert prepared == [spec] and prepared[0].digest == spec.digest
+        assert prepared == [(spec, said)] and prepared[0][0].digest == spec.digest
         assert here.lookup(spec).source == "memory"
     other = ConstraintSpec.json_schema({"type": "string"})
     assert spec_from_bytes(spec_bytes(other), spec.digest) is None
     assert spec_from_bytes(b"{not json", spec.digest) is None
     assert spec_from_bytes(spec_bytes(spec), spec.digest) == spec
+    assert read_spec(spec_bytes(spec, said), spec.digest) == (spec, said)
+    # an extra that is not an object is dropped, the spec kept
+    data = json.loads(spec_bytes(spec)) | {"extra": ["not", "an", "object"]}
+    assert read_spec(json.dumps(data).encode(), spec.digest) == (spec, {})
