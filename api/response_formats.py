@@ -92,13 +92,13 @@ class JsonObjectFormat(_Format):
 class JsonSchemaResponseFormat(_Format):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
-    _form: str | None = PrivateAttr(default=None)
+    _form: tuple[str | None] | None = PrivateAttr(default=None)
 
-    def schema_form(self) -> str:
+    def schema_form(self) -> str | None:
         """The schema's form (``schema_forms.form_of``), computed once per request."""
         if self._form is None:
-            self._form = form_of(self.json_schema.schema_)
-        return self._form
+            self._form = (form_of(self.json_schema.schema_),)
+        return self._form[0]
 
     def _default_param(self) -> str:
         return "response_format.json_schema.schema"

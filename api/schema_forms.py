@@ -36,12 +36,16 @@ MAX_STATS = 4096  # schema forms whose stats are remembered
 _FORMS_FIELD = "forms"  # in the JSON published beside an entry (``schema_cache.prefetch``)
 
 #: (schema form, strict, closed objects, flexible whitespace): what a spec is derived from.
-SpecKey = tuple[str, bool, bool, bool]
+SpecKey = tuple[str | None, bool, bool, bool]
 
 
-def form_of(schema: dict[str, Any] | bool) -> str:
-    """The schema's form: hex sha256 of its JSON text (key order and values as sent)."""
-    text = json.dumps(schema, check_circular=False, separators=(",", ":"))
+def form_of(schema: dict[str, Any] | bool) -> str | None:
+    """The schema's form: hex sha256 of its JSON text (key order and values as sent); None for
+    a schema nested too deep for ``json.dumps`` (the limits refuse it, measured without one)."""
+    try:
+        text = json.dumps(schema, check_circular=False, separators=(",", ":"))
+    except RecursionError:
+        return None
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -56,8 +60,10 @@ class SchemaForms:
         self._bytes = 0
         self.counts = {"derived": 0, "remembered": 0, "seeded": 0}
 
-    def stats(self, form: str, schema: dict[str, Any] | bool) -> SchemaStats:
-        """``schema_stats(schema)``, measured once per remembered form."""
+    def stats(self, form: str | None, schema: dict[str, Any] | bool) -> SchemaStats:
+        """``schema_stats(schema)``, measured once per remembered form (every time without one)."""
+        if form is None:
+            return schema_stats(schema)
         with self._lock:
             found = self._stats.get(form)
         if found is None:
@@ -69,6 +75,8 @@ class SchemaForms:
 
     def spec(self, key: SpecKey) -> tuple[ConstraintSpec, bool] | None:
         """The spec derived for ``key`` and whether closing narrowed it; None if not known."""
+        if key[0] is None:
+            return None
         with self._lock:
             found = self._specs.get(key)
             if found is not None:
@@ -77,6 +85,8 @@ class SchemaForms:
             return found
 
     def remember(self, key: SpecKey, spec: ConstraintSpec, narrowed: bool) -> None:
+        if key[0] is None:
+            return
         with self._lock:
             self.counts["derived"] += 1
             self._put(key, spec, narrowed)

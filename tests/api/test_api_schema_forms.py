@@ -25,7 +25,7 @@ CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpora" / "maskbench
 def request(schema, **fields) -> ChatCompletionRequest:
     rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, **fields}}
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
-    return ChatCompletionRequest.model_validate(json.loads(json.dumps(body)))
+    return ChatCompletionRequest.model_validate(body)
 
 
 def derived(schema, config: ServerConfig, **fields):
@@ -82,11 +82,28 @@ def test_flags_that_shape_the_spec_are_part_of_the_form() -> None:
 def test_the_limits_still_apply_to_a_remembered_form() -> None:
     """The stats are remembered, not the verdict: a server with a lower limit refuses the
     schema another configuration served."""
-    schema = {"type": "object", "properties": {f"limit_p{i}": {"type": "string"} for i in range(50)}}
+    schema = {
+        "type": "object",
+        "properties": {f"limit_p{i}": {"type": "string"} for i in range(50)},
+    }
     derived(schema, ServerConfig())
     with pytest.raises(ApiError) as refused:
         derived(schema, ServerConfig(max_schema_properties=10))
     assert refused.value.status == 400 and "max_schema_properties" in refused.value.message
+
+
+def test_a_schema_too_deep_to_serialise_is_refused_by_its_depth_limit() -> None:
+    """``json.dumps`` recurses: a schema 5,000 levels deep has no form, is measured without one
+    (iteratively) and gets the depth limit's 400, never a RecursionError."""
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["items"] = {}
+        node = node["items"]
+    assert form_of(deep) is None
+    with pytest.raises(ApiError) as refused:
+        derived(deep, ServerConfig())
+    assert refused.value.status == 400 and "max_schema_depth" in refused.value.message
 
 
 def test_a_schema_with_a_nan_const_has_a_form() -> None:
