@@ -6,7 +6,6 @@ costs no error, and prefetching resumes."""
 from __future__ import annotations
 
 import json
-
 import logging
 
 from schema_cache_child import specs
@@ -155,7 +154,9 @@ def test_a_prefetched_constraint_is_prepared_before_its_first_request(
     spec = ConstraintSpec.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
     prepared: list[tuple[ConstraintSpec, dict]] = []
     said = {"forms": [["said by the publisher"]], "n": 1}
-    here_config = CacheConfig(root=tmp_path / "here", redis_url=redis_server.url, isolation="thread")
+    here_config = CacheConfig(
+        root=tmp_path / "here", redis_url=redis_server.url, isolation="thread"
+    )
     there_config = CacheConfig(
         root=tmp_path / "publisher", redis_url=redis_server.url, isolation="thread"
     )
