@@ -27,11 +27,11 @@ from corral.api.responses import Receipt, Rewrite, Unenforced
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
 from corral.grammar.compiled import FORMAT_VERSION
 from corral.schema_cache.disk import STORE_VERSION
-from corral.schema_cache.service import entry_key
+from corral.schema_cache.entries import entry_key
 
 if TYPE_CHECKING:
     from corral.api.state import ServerState
-    from corral.schema_cache.service import Lookup
+    from corral.schema_cache.entries import Lookup
 
 #: Corral's compiled-entry format and disk-store layout, as one version string.
 CACHE_FORMAT = f"{FORMAT_VERSION}.{STORE_VERSION}"

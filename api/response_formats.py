@@ -33,7 +33,7 @@ from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, 
 from corral.grammar.schema_close import close_objects
 
 if TYPE_CHECKING:
-    from corral.schema_cache.service import Lookup
+    from corral.schema_cache.entries import Lookup
 
 
 def request_error(
@@ -92,13 +92,14 @@ class JsonObjectFormat(_Format):
 class JsonSchemaResponseFormat(_Format):
     type: Literal["json_schema"]
     json_schema: JsonSchemaFormat
-    _form: tuple[str | None] | None = PrivateAttr(default=None)
+    _form: str | None = PrivateAttr(default=None)
+    _form_known: bool = PrivateAttr(default=False)
 
     def schema_form(self) -> str | None:
         """The schema's form (``schema_forms.form_of``), computed once per request."""
-        if self._form is None:
-            self._form = (form_of(self.json_schema.schema_),)
-        return self._form[0]
+        if not self._form_known:
+            self._form, self._form_known = form_of(self.json_schema.schema_), True
+        return self._form
 
     def _default_param(self) -> str:
         return "response_format.json_schema.schema"

@@ -97,7 +97,7 @@ class SchemaForms:
             forms = [
                 [*key, narrowed, list(astuple(self._stats[key[0]]))]
                 for key, (known, narrowed) in self._specs.items()
-                if (known is spec or known.digest == spec.digest) and key[0] in self._stats
+                if known.digest == spec.digest and key[0] in self._stats
             ]
         return {_FORMS_FIELD: forms} if forms else {}
 

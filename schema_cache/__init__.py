@@ -16,8 +16,8 @@ _EXPORTS = {
     "DiskUsage": "disk",
     "COUNTERS": "stats",
     "CompileService": "service",
-    "Lookup": "service",
-    "entry_key": "service",
+    "Lookup": "entries",
+    "entry_key": "entries",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
 """DiskStore: content-addressed files of compiled constraints, atomic and size-bounded.
 
 Layout: ``<root>/v<STORE_VERSION>/<tokenizer fingerprint[:16]>/<key[:2]>/<key>.cc``, where the key
-is ``service.entry_key``: a sha256 over (spec digest, tokenizer fingerprint, entry format version).
+is ``entries.entry_key``: a sha256 over (spec digest, tokenizer fingerprint, entry format version).
 This module imports no grammar backend, so that ``corral cache stats|clear`` start quickly. The backend and its
 version live in the entry header and are checked when the entry is loaded, so an entry written
 by another backend version is a miss, not an error.

@@ -6,7 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from corral.grammar import CompiledConstraint, ConstraintError
+from corral.grammar import CompiledConstraint, CompileUnavailable, ConstraintError
 from corral.schema_cache.stats import CacheStats
 
 
@@ -107,3 +107,10 @@ def copy_refusal(e: ConstraintError) -> ConstraintError:
     """An equal, fresh error (one exception object raised in several threads shares a
     traceback), with every field kept: reason, pointer, keyword and limit."""
     return ConstraintError(e.reason, e.pointer, e.keyword, e.limit)
+
+
+def fresh_copy(e: ConstraintError | CompileUnavailable) -> Exception:
+    """An equal, fresh exception for one waiter of a flight (see :func:`copy_refusal`)."""
+    if isinstance(e, ConstraintError):
+        return copy_refusal(e)
+    return CompileUnavailable(e.reason, e.code, e.retry_after_s)

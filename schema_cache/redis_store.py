@@ -1,6 +1,6 @@
 """RedisStore: the cache's tier shared by a fleet of replicas, and one compile per fleet.
 
-An entry is stored under ``corral:cc:<key>``, where the key is ``service.entry_key`` (it holds
+An entry is stored under ``corral:cc:<key>``, where the key is ``entries.entry_key`` (it holds
 the tokenizer fingerprint, the entry format and the grammar code's version, so replicas running
 another Corral never read this one's entries), and its value is the same sealed bytes the disk
 store writes (``CompiledConstraint.to_bytes``). Nothing here unpickles or trusts what it reads:

@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import hashlib
 import time
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
 
 from corral.grammar import (
     CompiledConstraint,
@@ -52,37 +50,18 @@ from corral.grammar import (
     CorruptEntry,
     TokenizerInfo,
 )
-from corral.grammar.compiled import FORMAT_VERSION, StaleEntry
-from corral.grammar.version import ANALYSIS_VERSION
+from corral.grammar.compiled import StaleEntry
 from corral.schema_cache.compiling import Compiler
 from corral.schema_cache.config import CacheConfig
-from corral.schema_cache.disk import STORE_VERSION, DiskStore
+from corral.schema_cache.disk import DiskStore
+from corral.schema_cache.entries import Lookup, entry_key
 from corral.schema_cache.flights import CompileCancelled, Flight, FlightMissed, Flights, bridge
-from corral.schema_cache.memory import MemoryLRU, RefusalCache, copy_refusal
+from corral.schema_cache.memory import MemoryLRU, RefusalCache, fresh_copy
 from corral.schema_cache.prefetch import Prefetcher, Prepare, make_ready, spec_bytes
 from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
 from corral.schema_cache.stats import CacheStats
-from corral.schema_cache.threads import DaemonThreads, SerialQueue, weak_gate
-
-
-def entry_key(
-    spec_digest: str, tokenizer_fingerprint: str, analysis_version: str = ANALYSIS_VERSION
-) -> str:
-    """The content address of one compiled constraint (its disk path derives from it)."""
-    text = (
-        f"{spec_digest}|{tokenizer_fingerprint}|{FORMAT_VERSION}|{STORE_VERSION}|{analysis_version}"
-    )
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-class Lookup(NamedTuple):
-    """A compiled constraint and where it came from: memory, disk, redis, compiled or shared
-    (another caller in this process compiled it meanwhile); ``compile_s``: the compile's own
-    seconds when this call compiled it (``source == "compiled"``), else 0."""
-
-    compiled: CompiledConstraint
-    source: str
-    compile_s: float = 0.0
+from corral.schema_cache.threads import DaemonThreads, SerialQueue
+from corral.schema_cache.write_behind import WriteBehind
 
 
 class CompileService:
@@ -121,10 +100,9 @@ class CompileService:
         # meanwhile: build it now, so that it never eats into the first compile's deadline.
         _ = tok.llguidance
         self._threads = DaemonThreads("corral-compile")
-        self._writes = SerialQueue("corral-cache-write", gate=weak_gate(self._write_wait))
-        atexit.register(_flush_at_exit, weakref.ref(self))
         self._flights = Flights()
-        self._last_miss_done = 0.0  # time.monotonic() when the last miss was answered
+        self._writes = WriteBehind(self.disk, self._flights, self.config)
+        atexit.register(_flush_at_exit, weakref.ref(self))
         self._refusals = RefusalCache(self.config.failure_ttl_s, self.config.max_memory_entries)
         self._compiler = Compiler(tok, self.config, self._stats)
         self._publishes = SerialQueue("corral-cache-publish")  # not gated: replicas wait for it
@@ -174,7 +152,7 @@ class CompileService:
             abandon = True
             raise
         except (ConstraintError, CompileUnavailable) as e:
-            raise _fresh(e) from None
+            raise fresh_copy(e) from None
         finally:
             self._flights.leave(flight, abandon=abandon)
 
@@ -200,7 +178,7 @@ class CompileService:
                 return self.lookup(spec)
             return found if leader else Lookup(found.compiled, "shared")
         except (ConstraintError, CompileUnavailable) as e:
-            raise _fresh(e) from None
+            raise fresh_copy(e) from None
         finally:
             self._flights.leave(flight)
 
@@ -267,7 +245,7 @@ class CompileService:
             flight.future.set_exception(e)
         finally:
             self._flights.finish(key, flight)
-            self._last_miss_done = time.monotonic()
+            self._writes.miss_done()
 
     def _load_or_compile(self, spec: ConstraintSpec, key: str, flight: Flight) -> Lookup:
         hit = self.memory.get(key)  # a leader that finished just before we became one
@@ -310,8 +288,7 @@ class CompileService:
         if compiled is not None:
             self._stats.inc("hits_redis")
             self.memory.put(key, compiled)
-            if self.disk.enabled:
-                self._writes.submit(self.disk.write, path, claim.data)
+            self._writes.write(path, claim.data)
             return Lookup(compiled, "redis")
         try:
             compiled, seconds = self._compile_counted(spec, key, flight)
@@ -339,8 +316,8 @@ class CompileService:
         self.memory.put(key, compiled)
         if self.shared is not None:
             self._publishes.submit(self._publish, spec, key, path, compiled, lease)
-        elif self.disk.enabled:
-            self._writes.submit(self._store, path, compiled)
+        else:
+            self._writes.store(path, compiled)
 
     def _publish(
         self,
@@ -354,8 +331,7 @@ class CompileService:
         data = compiled.to_bytes()
         extra = self._describe(spec) if self._describe is not None else None
         self.shared.publish(key, data, lease, compiled.spec_digest, spec_bytes(spec, extra))
-        if self.disk.enabled:
-            self._writes.submit(self.disk.write, path, data)
+        self._writes.write(path, data)
 
     def _prefetch(self, key: str, spec_digest: str) -> None:
         """Load an entry another replica announced into memory, as the leader of its flight."""
@@ -388,26 +364,7 @@ class CompileService:
             self._stats.inc("prefetch_skipped")
             return
         self._stats.inc("prefetched")
-        if self.disk.enabled:  # behind, as for a Redis hit
-            self._writes.submit(self.disk.write, self.disk.path_for(key, self._fingerprint), data)
-
-    def _write_wait(self, submitted: float) -> float:
-        """Seconds a disk write submitted at ``submitted`` should still wait.
-
-        Writes are behind the compile, and also out of its way: on a small machine a write
-        running beside a compile (or beside the first mask its caller computes right after)
-        delays it, so a write waits until no miss is being answered and none was in the last
-        ``write_quiet_s``, but never past ``write_max_delay_s`` after it was submitted."""
-        now = time.monotonic()
-        left = submitted + self.config.write_max_delay_s - now
-        if left <= 0:
-            return 0.0
-        if self._flights.busy():
-            return min(left, self.config.write_quiet_s)
-        return min(left, self._last_miss_done + self.config.write_quiet_s - now)
-
-    def _store(self, path: str, compiled: CompiledConstraint) -> None:
-        self.disk.write(path, compiled.to_bytes())
+        self._writes.write(self.disk.path_for(key, self._fingerprint), data)  # as a Redis hit
 
     def _compile_counted(
         self, spec: ConstraintSpec, key: str, flight: Flight
@@ -428,14 +385,6 @@ class CompileService:
         self._stats.inc("compiles")
         self._stats.observe_compile(seconds)
         return compiled, seconds
-
-
-def _fresh(e: ConstraintError | CompileUnavailable) -> Exception:
-    """An equal, fresh exception for one waiter (one object raised in several threads would
-    share a traceback)."""
-    if isinstance(e, ConstraintError):
-        return copy_refusal(e)
-    return CompileUnavailable(e.reason, e.code, e.retry_after_s)
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:
