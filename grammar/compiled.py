@@ -14,6 +14,8 @@ from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.distinct_keys import DistinctKeysMatcher, token_index
 from corral.grammar.errors import Unenforced
+from corral.grammar.fraction_sites import FRACTION, Sites, fraction_sites, has_fraction
+from corral.grammar.fractions import FractionMatcher
 from corral.grammar.llg_limits import check_raised
 from corral.grammar.matcher import Matcher
 from corral.grammar.rewrite_log import Rewritten
@@ -109,6 +111,7 @@ class CompiledConstraint:
             raise ValueError(f"unknown grammar backend {self.backend!r}; known: {known}")
         if self.distinct_keys and self.backend != llg.NAME:
             raise ValueError("distinct keys are checked over llguidance matchers only")
+        object.__setattr__(self, "_fractions", _fraction_sites(self.backend, self.payload))
 
     @property
     def size_bytes(self) -> int:
@@ -119,9 +122,13 @@ class CompiledConstraint:
     def matcher(self) -> Matcher:
         """A fresh per-request cursor; cheap (a copy of a prototype, or a new xgrammar matcher)."""
         inner = _BACKENDS[self.backend].matcher(self.native, self.eos_token_ids)
-        if not self.distinct_keys:
-            return inner
-        return DistinctKeysMatcher(inner, token_index(self.native.tokenizer), self.eos_token_ids)
+        if self.distinct_keys:
+            tok = self.native.tokenizer
+            inner = DistinctKeysMatcher(inner, token_index(tok), self.eos_token_ids)
+        if self._fractions is not None:  # type: ignore[attr-defined]
+            sites = self._fractions  # type: ignore[attr-defined]
+            inner = FractionMatcher(inner, sites, self.native.tokenizer, self.eos_token_ids)
+        return inner
 
     @property
     def backend_version(self) -> str:
@@ -186,6 +193,15 @@ class CompiledConstraint:
             distinct_keys=header["distinct_keys"] is True,
             rewrites=_records(header["rewrites"], Rewritten),
         )
+
+
+def _fraction_sites(backend: str, payload: bytes) -> Sites | None:
+    """The fraction sites of an llguidance JSON-schema grammar that has any (``fractions``)."""
+    if backend != llg.NAME or FRACTION.encode() not in payload:
+        return None
+    grammars = json.loads(payload).get("grammars", ())
+    schema = grammars[0].get("json_schema") if len(grammars) == 1 else None
+    return fraction_sites(schema) if has_fraction(schema) else None
 
 
 _HEADER_KEYS = {

@@ -22,13 +22,20 @@ from types import MappingProxyType
 from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.errors import ConstraintError
+from corral.grammar.errors import ConstraintError, Unenforced
+from corral.grammar.fraction_sites import (
+    FractionConflict,
+    fraction_sites,
+    has_fraction,
+    marks,
+    strip_fractions,
+)
 from corral.grammar.input_checks import nesting_error
 from corral.grammar.llg_limits import RAISED, effective_limits, needed
 from corral.grammar.probe import ProbeFailure, probe
 from corral.grammar.reasoning import after_reasoning
 from corral.grammar.regex_translate import literal_regex, translate_regex
-from corral.grammar.rewrite_log import ANY_ORDER, Rewritten
+from corral.grammar.rewrite_log import ANY_ORDER, FRACTION_CHECK, Rewritten
 from corral.grammar.schema_analysis import SchemaPlan, analyze_schema
 from corral.grammar.schema_order import backend_layout
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
@@ -63,8 +70,13 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
         if spec.reasoning is None:
             schema, distinct_keys, freed = backend_layout(schema, distinct_keys)
             rewrites += _any_order(plan, freed)
+        json_alone = spec.reasoning is None
+        lost = checked_fractions(schema, spec.strict, json_alone)
+        if lost:  # lenient: the marks were dropped, so no fraction is checked
+            rewrites = tuple(r for r in rewrites if r.rewrite != FRACTION_CHECK)
+        unenforced = plan.unenforced + lost
         grammar = llg.grammar_from_schema(schema, spec.json_format)
-        unenforced, keyword = plan.unenforced, "schema"
+        keyword = "schema"
     elif spec.kind is ConstraintKind.REGEX:
         grammar, keyword = llg.grammar_from_regex(translate_regex(spec.source)), "regex"
     elif spec.kind is ConstraintKind.CHOICE:
@@ -108,9 +120,10 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
     def analyse(schema):
         plan = analyze_schema(schema, lenient=not spec.strict, check_keys=False)
         rewrites.append(plan.rewrites)
+        lost = checked_fractions(plan.schema, spec.strict, json_alone=False)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
         raised.update(probed_prototype(grammar, tok, "schema", raised).raised)
-        return plan.schema, plan.unenforced
+        return plan.schema, plan.unenforced + lost
 
     lark, unenforced = structural_tag_lark(
         spec.structural_tag(), llg.json_options(spec.json_format), _special_token(tok), analyse
@@ -121,6 +134,29 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
         for r in found
     )
     return llg.grammar_from_lark(lark), unenforced, raised, moved
+
+
+def checked_fractions(schema: object, strict: bool, json_alone: bool) -> tuple[Unenforced, ...]:
+    """Make sure the matcher can check every number the analysis marked as no integer
+    (``fraction_sites``): refuse the keyword that needed one where it cannot (strict), or drop
+    the marks and report them (lenient; ``schema`` is changed in place)."""
+    if not has_fraction(schema):
+        return ()
+    try:
+        if not json_alone:
+            raise FractionConflict("", "the output is not JSON alone (reasoning or tags)")
+        fraction_sites(schema)
+        return ()
+    except FractionConflict as e:
+        why = f"a number that must not be an integer cannot be checked here: {e.reason}"
+        if strict:
+            pointer = e.pointer or marks(schema)[0]
+            raise ConstraintError(why, pointer, _keyword_at(pointer)) from None
+        return tuple(Unenforced(p, _keyword_at(p), why) for p in strip_fractions(schema))
+
+
+def _keyword_at(pointer: str) -> str:
+    return pointer.rsplit("/", 1)[-1] if pointer else "not"
 
 
 def _special_token(tok: TokenizerInfo):

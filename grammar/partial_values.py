@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.shortest import (
     JsonCloser,
     Schema,
@@ -52,11 +53,14 @@ def finish_leaf(f: Frame, node: Schema, closer: JsonCloser) -> str | None:
                 return lit[len(f.text) :] if number_ok(node, json.loads(lit)) else None
         base = "0" if f.text[-1] in "-+eE." else ""
         grow = not any(ch in f.text for ch in ".eE")  # digits may still be appended
-        for rest in (base + "0" * k for k in range(4 if grow else 1)):
+        rests = [base + "0" * k for k in range(4 if grow else 1)]
+        if isinstance(node, dict) and FRACTION in node:  # an integer so far: add a decimal
+            rests += [base + ".5", base + "5"]
+        for rest in rests:
             try:
                 value = json.loads(f.text + rest)
             except ValueError:
-                return None
+                continue
             if number_ok(node, value):
                 return rest
         return None

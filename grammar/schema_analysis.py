@@ -197,8 +197,12 @@ class _Analyzer:
 
         Returns None after refusing `keyword` (lenient mode).
         """
+        self.negator.pointer, self.negator.made_fraction = pointer, False
         try:
-            return self.negator.negate(s, within, self._context_keys(context))
+            out = self.negator.negate(s, within, self._context_keys(context))
+            if self.negator.made_fraction:
+                self.record(pointer, keyword, log.FRACTION_CHECK)
+            return out
         except NotExpressible as e:
             self.refuse(pointer, keyword, f"'{keyword}' cannot be enforced exactly: {e.reason}")
             return None

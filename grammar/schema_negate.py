@@ -9,7 +9,9 @@ A `pattern` is negated through the exact regex algebra (`regex_algebra`, on the 
 Python source). Keywords whose negation is not expressible for the backend (`multipleOf`,
 `items`, `additionalProperties` with a schema, a pattern beyond the algebra, ...) raise
 `NotExpressible`; the caller refuses the
-keyword (strict) or reports it (lenient). Nothing is ever approximated.
+keyword (strict) or reports it (lenient). Nothing is ever approximated. A number that is not an
+integer (what `not {type: integer}` leaves) is marked `FRACTION` for the matcher to check at
+value boundaries (`fraction_sites`, `fractions`).
 
 Copies: the schema negated is only read; the negation is built from new objects but may share
 subtrees with it.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.schema_facts import ALL_TYPES, normalize_types, types_of
 
 #: Largest magnitude at which a JSON number still compares exactly as an f64 bound.
@@ -49,6 +52,10 @@ class Negator:
         #: raises NotExpressible when that cannot be built exactly
         self._complement = complement
         self._active_refs: set[str] = set()
+        #: the pointer of the keyword being negated, named by the fractions it needs
+        self.pointer = ""
+        #: whether a negation left a number that must not be an integer (``fraction_sites``)
+        self.made_fraction = False
 
     def negate(
         self, s: dict | bool, within: frozenset[str] = ALL_TYPES, keys: frozenset[str] | None = None
@@ -75,18 +82,27 @@ class Negator:
         if "type" not in s:
             return []
         own = types_of({"type": s["type"]})
-        if "number" in within and "integer" in own and "number" not in own:
-            raise NotExpressible("type", "'not integer' over all numbers is not expressible")
         rest = [
-            t for t in sorted(within) if t not in own and not (t == "integer" and "number" in own)
+            t
+            for t in sorted(within)
+            if t not in own
+            and not (t == "integer" and "number" in own)
+            and not (t == "number" and "integer" in own)  # the fractions, below
         ]
-        return [_of_types(frozenset(rest))] if rest else []
+        out = [_of_types(frozenset(rest))] if rest else []
+        if "number" in within and "integer" in own and "number" not in own:
+            # the numbers an integer type leaves: checked at value boundaries (`fractions`)
+            self.made_fraction = True
+            out.append({"type": "number", FRACTION: self.pointer})
+        return out
 
     def _negate_keyword(
         self, key: str, value: object, s: dict, inside: frozenset[str], keys: frozenset[str] | None
     ) -> list:
         if key == "type":
             return []
+        if key == FRACTION:  # a number that is not an integer: negated, the integers
+            return [{"type": "integer"}] if inside & {"number", "integer"} else []
         if key in ("const", "enum"):
             return _not_values([value] if key == "const" else value, inside)
         if key == "allOf":  # same instance: the key context still holds

@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
+from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.regex_algebra import complement, regular
 from corral.grammar.regex_translate import translate_regex
 from corral.grammar.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED
@@ -229,6 +230,8 @@ def python_dialect(schema: Any, sources: dict[str, str], memo: dict | None = Non
         for key, value in schema.items():
             if key in ("enum", "const"):
                 out[key] = value
+            elif key == FRACTION:  # kept for the closers, and read by the judge as a `not`
+                out[key], out["not"] = value, {"type": "integer"}  # never beside a `not`
             elif key == "pattern":
                 out[key] = sources.get(value, value)
             elif key in ("patternProperties", "properties", "$defs"):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import interegular
 
+from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.schema_merge import merge
 
 if TYPE_CHECKING:
@@ -311,7 +312,7 @@ def _smallest_number(node: dict, integer: bool) -> int | float | None:
     lo, hi = node.get("minimum", -math.inf), node.get("maximum", math.inf)
     xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
     step = node.get("multipleOf", 1 if integer else None)
-    candidates = [0]
+    candidates: list[int | float] = [0, 0.5] if FRACTION in node else [0]
     for bound, strict, up in ((lo, xlo, True), (hi, xhi, False)):
         if strict is not None and not isinstance(strict, bool):
             bound = strict
@@ -349,6 +350,7 @@ def number_ok(node: Schema, value: Any) -> bool:
         not _below(node.get("exclusiveMaximum"), value, lambda b, v: v < b),
         "multipleOf" not in node or (value / node["multipleOf"]).is_integer(),
         node.get("type") != "integer" or float(value).is_integer(),
+        FRACTION not in node or not float(value).is_integer(),
     ]
     return all(checks)
 

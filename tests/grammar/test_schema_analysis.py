@@ -149,7 +149,7 @@ REFUSED = [
     ),
     ({"format": "regex"}, "/format", "format"),
     ({"oneOf": [{"multipleOf": 2}, {"multipleOf": 3}]}, "/oneOf", "oneOf"),
-    ({"not": {"type": "integer"}}, "/not", "not"),
+    ({"not": {"type": "array", "items": {"type": "string"}}}, "/not", "not"),
     ({"$ref": "http://example.com/remote.json"}, "/$ref", "$ref"),
 ]
 

@@ -1,0 +1,251 @@
+"""Numbers that must not be integers, checked at value boundaries (sites: ``fraction_sites``).
+
+:class:`FractionMatcher` wraps a backend matcher, follows the JSON text token by token
+(:func:`scan`, which knows the automaton state of every open value) and takes out of the mask,
+out of ``accept`` and out of the forced continuation every token that would finish an integer
+where a site wants a fraction, or leave a number there that no continuation can make one.
+
+The judge reads numbers as Python floats (``jsonschema``: ``1.0000000000000001`` is the float
+1.0, an integer), so a fraction here is written in plain decimal with at most
+:data:`MAX_DIGITS` significant digits and at least one non-zero digit after the point: within
+15 significant digits a decimal that is not an integer stays one as a float, and every such
+decimal has that spelling. No dead end: the text is refused as soon as it has no room left for a
+non-zero decimal (an integer part of 15 digits, or an exponent), and a site's number is never
+bounded (``fraction_sites`` refuses that), so a digit or a point always continues it.
+
+Cost: only tokens that can touch a number at a site are scanned: inside such a number, those
+the backend allows there (digits, a point, what ends the number); elsewhere, tokens with a digit
+(inside a string: a digit and a quote).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from corral.grammar.distinct_keys import Candidates, candidates, token_index
+from corral.grammar.fraction_sites import Sites
+from corral.grammar.matcher import Matcher
+from corral.grammar.tokenizer import TokenizerInfo
+
+#: Most significant digits of a fraction at a site (the float judge's exact range).
+MAX_DIGITS = 15
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_VALUE, _KEY, _STRING, _NUMBER = range(4)
+_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
+_WHITESPACE = frozenset(b" \t\r\n")
+
+
+def is_fraction(text: str) -> bool:
+    """Whether a number's text, finished, is a fraction as a site wants one."""
+    if any(c in text for c in "eE+"):
+        return False
+    whole, _, part = text.lstrip("-").partition(".")
+    return _significant(whole, part) <= MAX_DIGITS and part.strip("0") != ""
+
+
+def alive(text: str) -> bool:
+    """Whether a number begun with ``text`` can still be finished as a fraction."""
+    if any(c in text for c in "eE+"):
+        return False
+    whole, _, part = text.lstrip("-").partition(".")
+    digits = _significant(whole, part)
+    return digits <= MAX_DIGITS and (part.strip("0") != "" or digits < MAX_DIGITS)
+
+
+def _significant(whole: str, part: str) -> int:
+    return len((whole + part).lstrip("0"))
+
+
+class Scan(NamedTuple):
+    """Where the JSON text so far stands. Immutable: one per accepted token, for rollback.
+
+    ``stack``: per open container, its automaton state and, for an array, the index of the
+    item being written (-1 for an object). ``site``: the state of the next value (-1 none).
+    ``text``: a key's bytes, or a checked number's text."""
+
+    stack: tuple[tuple[int, int], ...] = ()
+    mode: int = _VALUE
+    escaped: bool = False
+    text: bytes = b""
+    site: int = 0
+    key_next: bool = False
+    checked: bool = False
+
+
+def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
+    """``state`` after ``data``; None when they finish an integer at a site, or leave a number
+    there that cannot become a fraction."""
+    stack, mode, escaped, text, site, key_next, checked = state
+    for b in data:
+        if mode == _NUMBER:
+            if b in _NUMBER_BYTES:
+                if checked:
+                    text += bytes((b,))
+                continue
+            if checked and not is_fraction(text.decode()):
+                return None
+            mode, text = _VALUE, b""
+        if mode in (_KEY, _STRING):
+            if escaped:
+                escaped = False
+            elif b == _BACKSLASH:
+                escaped = True
+            elif b == _QUOTE:
+                if mode == _KEY:
+                    site = sites.key(stack[-1][0], _decode(text))
+                    text = b""
+                mode = _VALUE
+                continue
+            if mode == _KEY:
+                text += bytes((b,))
+            continue
+        if b in _WHITESPACE or b == ord(":"):
+            continue
+        if b == _QUOTE:
+            mode, key_next = (_KEY, False) if key_next else (_STRING, False)
+        elif b == ord("{"):
+            stack, key_next = (*stack, (site, -1)), True
+        elif b == ord("["):
+            stack = (*stack, (site, 0))
+            site = sites.item(site, 0)
+        elif b in b"}]":
+            stack, key_next = stack[:-1], False
+        elif b == ord(","):
+            if stack and stack[-1][1] >= 0:
+                at, i = stack[-1]
+                stack = (*stack[:-1], (at, i + 1))
+                site = sites.item(at, i + 1)
+            else:
+                key_next = True
+        elif b == ord("-") or 48 <= b <= 57:  # a number starts (letters: true, false, null)
+            mode, checked = _NUMBER, site >= 0 and sites.checked[site]
+            text = bytes((b,)) if checked else b""
+    if mode == _NUMBER and checked and not alive(text.decode()):
+        return None
+    return Scan(stack, mode, escaped, text, site, key_next, checked)
+
+
+def _decode(raw: bytes) -> str:
+    """A key's value; the grammar only lets valid JSON string bodies through."""
+    try:
+        return json.loads(b'"' + raw + b'"')
+    except ValueError:  # never a valid body: no declared name has these bytes
+        return raw.decode("utf-8", "surrogateescape")
+
+
+class _Index(NamedTuple):
+    bytes: list[bytes]
+    digits: Candidates  # tokens with a digit
+    quoted: Candidates  # tokens with a digit and a quote
+
+
+@lru_cache(maxsize=4)
+def _index(tok: TokenizerInfo) -> _Index:
+    raw = token_index(tok).bytes
+    digit = np.array([any(48 <= c <= 57 for c in t) for t in raw])
+    quote = np.array([b'"' in t for t in raw])
+    return _Index(raw, candidates(np.flatnonzero(digit)), candidates(np.flatnonzero(digit & quote)))
+
+
+class FractionMatcher(Matcher):
+    """A backend matcher whose numbers at fraction sites are never integers. Its mask is the
+    inner matcher's (``fill_mask``, or a native batch fill of ``native_cursor`` followed by the
+    inner ``refine_mask``) refined here."""
+
+    __slots__ = ("_inner", "_sites", "_index", "_states", "_tokens", "_eos", "_view")
+
+    def __init__(self, inner: Matcher, sites: Sites, tok: TokenizerInfo, eos: frozenset[int]):
+        self._inner, self._sites, self._eos = inner, sites, eos
+        self._index = _index(tok)
+        self._states = [Scan()]
+        self._tokens: list[int] = []
+        self._view: tuple[torch.Tensor | None, np.ndarray | None] = (None, None)
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
+        self._inner.fill_mask(bitmask, row)
+        self._refine(bitmask, row)
+        return True
+
+    def native_cursor(self) -> Any | None:
+        return self._inner.native_cursor()
+
+    def refine_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._inner.refine_mask(bitmask, row)
+        self._refine(bitmask, row)
+
+    def _refine(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._view[0] is not bitmask:  # callers reuse one buffer: view it once
+            self._view = (bitmask, bitmask.numpy().view(np.uint32))
+        words = self._view[1][row]
+        state = self._states[-1]
+        if state.mode == _NUMBER and state.checked:
+            allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+            allowed = allowed[allowed < len(self._index.bytes)]
+        else:
+            ids, at, bits = (
+                self._index.quoted if state.mode in (_KEY, _STRING) else self._index.digits
+            )
+            allowed = ids[(words[at] & bits) != 0]
+        for token in allowed.tolist():
+            if (
+                token not in self._eos
+                and scan(self._sites, state, self._index.bytes[token]) is None
+            ):
+                words[token >> 5] ^= np.uint32(1 << (token & 31))
+        if not self._finished(state):
+            for token in self._eos:
+                words[token >> 5] &= ~np.uint32(1 << (token & 31))
+
+    @staticmethod
+    def _finished(state: Scan) -> bool:
+        """Whether the text may end here (a number at a site must be a fraction)."""
+        return not (
+            state.mode == _NUMBER and state.checked and not is_fraction(state.text.decode())
+        )
+
+    def accept(self, token_id: int) -> bool:
+        state = self._states[-1]
+        if token_id in self._eos:
+            if not self._finished(state):
+                return False
+            after = state
+        else:
+            after = scan(self._sites, state, self._index.bytes[token_id])
+            if after is None:
+                return False
+        if not self._inner.accept(token_id):
+            return False
+        self._states.append(after)
+        self._tokens.append(token_id)
+        return True
+
+    def _undo(self, n: int) -> None:
+        self._inner.rollback(n)
+        del self._states[-n:]
+
+    def forced_continuation(self) -> bytes:
+        """The inner forced bytes, cut before one that a site would refuse."""
+        forced = self._inner.forced_continuation()
+        state = self._states[-1]
+        for i in range(len(forced)):
+            state = scan(self._sites, state, forced[i : i + 1])
+            if state is None:
+                return forced[:i]
+        return forced
+
+    def is_terminated(self) -> bool:
+        return self._inner.is_terminated()
+
+    def can_terminate(self) -> bool:
+        return self._inner.can_terminate() and self._finished(self._states[-1])
+
+    def error(self) -> str | None:
+        return self._inner.error()
+
+    def recover(self) -> bool:
+        return self._inner.recover()

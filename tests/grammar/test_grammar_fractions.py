@@ -1,0 +1,190 @@
+"""Numbers that must not be integers (``not {type: integer}``), checked at value boundaries
+(``grammar.fraction_sites``, ``grammar.fractions``).
+
+Real tokenizer, real compiles. The text rules are checked against a brute-force search and the
+float judge; random walks are judged by ``jsonschema`` with the schema as sent, so a walk that
+writes an integer where a fraction is due, or reaches a dead end, fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from decimal import Decimal
+
+import pytest
+import torch
+from grammar_walkers import TokenTable, decode, steered_walk
+from jsonschema import Draft202012Validator
+
+from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
+from corral.grammar.compiled import CompiledConstraint
+from corral.grammar.compiler import checked_fractions
+from corral.grammar.fraction_sites import FRACTION, fraction_sites
+from corral.grammar.fractions import MAX_DIGITS, FractionMatcher, alive, is_fraction
+from corral.grammar.rewrite_log import FRACTION_CHECK
+from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.shortest import JsonCloser
+from corral.grammar.walk import accepts
+
+NOT_INT = {"not": {"type": "integer"}}
+OBJECT = {
+    "type": "object",
+    "properties": {"a": {"type": "number", **NOT_INT}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+#: schemas whose numbers at some position must be fractions, and that position's pointer path
+WALKED = [
+    ({"type": "number", **NOT_INT}, ()),
+    (OBJECT, ("a",)),
+    ({"type": "array", "items": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}, (0,)),
+    (
+        {
+            "type": "array",
+            "prefixItems": [{"type": "integer"}, {"type": "number", **NOT_INT}],
+            "minItems": 2,
+        },
+        (1,),
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"v": {"not": {"type": ["integer", "string", "boolean", "null"]}}},
+            "required": ["v"],
+            "additionalProperties": False,
+        },
+        ("v",),
+    ),
+]
+
+
+def _compile(schema, tok, **kw):
+    return compile_constraint(ConstraintSpec.json_schema(schema, **kw), tok)
+
+
+def _accepts(c: CompiledConstraint, text: str, tok) -> bool:
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    return accepts(c.matcher(), tok.encode(text), bitmask)
+
+
+def _completions(depth: int):
+    for n in range(depth + 1):
+        yield from ("".join(p) for p in itertools.product("05.-e", repeat=n))
+
+
+def _number(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return text[:1] in "-0123456789" and text[:1] != ""
+
+
+def test_text_rules_match_a_brute_force_search_and_the_float_judge():
+    prefixes = [p for p in _completions(4) if p[:1] in ("-", "0", "5")]
+    for text in prefixes:
+        if _number(text) and is_fraction(text):
+            assert not float(text).is_integer()
+            assert Decimal(text) % 1 != 0
+        if not _number(text) and not any(_number(text + c) for c in _completions(3)):
+            continue  # no number at all begins this way (the grammar never writes it)
+        found = any(_number(text + c) and is_fraction(text + c) for c in _completions(3))
+        if not _number(text) and text[-1:] in ".-" and not found:
+            continue  # a point or sign the grammar continues with a digit (beyond 3 here)
+        assert alive(text) == found, text
+    whole = "9" * (MAX_DIGITS - 1)
+    assert alive(whole) and not alive(whole + "9")  # no room left for a decimal
+    assert is_fraction(whole + ".5") and not alive(whole + ".5" + "1")
+    assert not alive("1e") and not is_fraction("1e-1")  # exponents are never written
+    assert not is_fraction("2.000") and is_fraction("-0.001")
+
+
+@pytest.mark.parametrize(("schema", "path"), WALKED, ids=[str(i) for i in range(len(WALKED))])
+def test_walks_write_fractions_where_integers_are_not_allowed(schema, path, llama3_tokenizer):
+    tok = llama3_tokenizer
+    c = _compile(schema, tok)
+    assert isinstance(c.matcher(), FractionMatcher)
+    assert any(r.rewrite == FRACTION_CHECK for r in c.rewrites)
+    judge = Draft202012Validator(schema)
+    table, rng = TokenTable.cached(tok), random.Random(7)
+    seen = 0
+    for _ in range(40):
+        w = steered_walk(c.matcher(), table, rng, max_tokens=120, end_bias=0.6, steer=0.7)
+        if not w.terminated:
+            continue
+        value = json.loads(decode(tok, w.tokens))
+        assert judge.is_valid(value), (decode(tok, w.tokens), schema)
+        for step in path:
+            has = isinstance(value, dict | list) and (
+                step in value if isinstance(value, dict) else step < len(value)
+            )
+            value = value[step] if has else None
+        seen += isinstance(value, float)
+    assert seen >= 3  # the site was reached, with a number, in enough walks to mean something
+
+
+def test_texts_are_judged_at_the_number_boundary(llama3_tokenizer):
+    tok = llama3_tokenizer
+    c = _compile(OBJECT, tok)
+    assert _accepts(c, '{"a":1.5,"b":2}', tok)
+    assert _accepts(c, '{"a":-0.25,"b":-3}', tok)
+    for integer in ("1", "1.0", "-20.000", "0"):
+        assert not _accepts(c, '{"a":' + integer + ',"b":2}', tok), integer
+    assert not _accepts(c, '{"a":1e-1,"b":2}', tok)  # a fraction, but written with an exponent
+    top = _compile({"type": "number", **NOT_INT}, tok)
+    assert _accepts(top, "2.5", tok) and not _accepts(top, "2", tok)  # EOS ends the number
+    m = c.matcher()  # rolling back restores where the text stands
+    head, number = tok.encode('{"a":'), tok.encode("12")
+    assert m.accept_tokens(head + number) == len(head + number)
+    assert not m.accept_tokens(tok.encode(","))  # 12 is an integer
+    m.rollback(len(number))
+    rest = tok.encode('3.5,"b":1}')
+    assert m.accept_tokens(rest) == len(rest) and m.can_terminate()
+    again = CompiledConstraint.from_bytes(c.to_bytes(), tok)  # the cache keeps the check
+    assert isinstance(again.matcher(), FractionMatcher)
+    assert not _accepts(again, '{"a":3,"b":2}', tok) and _accepts(again, '{"a":3.5,"b":2}', tok)
+
+
+def test_a_fraction_the_matcher_cannot_tell_apart_is_refused_or_reported(llama3_tokenizer):
+    tok = llama3_tokenizer
+    # which branch the number belongs to is decided by a sibling key the matcher does not follow
+    coupled = {
+        "anyOf": [
+            {"properties": {"x": NOT_INT, "t": {"const": "a"}}, "required": ["x", "t"]},
+            {"properties": {"x": {"type": "integer"}, "t": {"const": "b"}}, "required": ["x", "t"]},
+        ]
+    }
+    with pytest.raises(ConstraintError) as info:
+        _compile(coupled, tok)
+    assert info.value.pointer == "/anyOf/0/properties/x/not" and info.value.keyword == "not"
+    lenient = _compile(coupled, tok, strict=False)
+    assert [u.pointer for u in lenient.unenforced] == ["/anyOf/0/properties/x/not"]
+    assert not isinstance(lenient.matcher(), FractionMatcher)
+    assert not any(r.rewrite == FRACTION_CHECK for r in lenient.rewrites)
+    bounded = {"type": "number", "maximum": 5, **NOT_INT}  # "5" could not become a fraction
+    with pytest.raises(ConstraintError):
+        _compile(bounded, tok)
+
+
+def test_marks_need_the_output_to_be_json_alone():
+    schema = analyze_schema(OBJECT).schema
+    fraction_sites(schema)  # JSON alone: fine
+    with pytest.raises(ConstraintError):
+        checked_fractions(schema, strict=True, json_alone=False)
+    lost = checked_fractions(schema, strict=False, json_alone=False)
+    assert [u.pointer for u in lost] == ["/properties/a/not"]
+    assert FRACTION not in json.dumps(schema)
+
+
+def test_budget_closing_finishes_a_fraction():
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(OBJECT))
+    shortest = closer.shortest(closer.root)
+    assert Draft202012Validator(OBJECT).is_valid(json.loads(shortest)), shortest
+    for prefix in ('{"a":', '{"a":5', '{"a":5.', '{"a":-', '{"a":5.0'):
+        partial = closer.start()
+        partial.feed(prefix)
+        found = partial.closing()
+        assert found is not None, prefix
+        assert Draft202012Validator(OBJECT).is_valid(json.loads(prefix + found[0])), prefix
