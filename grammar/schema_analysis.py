@@ -199,7 +199,7 @@ class _Analyzer:
         """
         self.negator.pointer, self.negator.made_fraction = pointer, False
         try:
-            out = self.negator.negate(s, within, self._context_keys(context))
+            out = self.negator.negate(s, within, self._context_keys(context), context)
             if self.negator.made_fraction:
                 self.record(pointer, keyword, log.FRACTION_CHECK)
             return out

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 from corral.grammar.fraction_sites import FRACTION
-from corral.grammar.schema_facts import ALL_TYPES, normalize_types, types_of
+from corral.grammar.negate_context import NegationContext
+from corral.grammar.schema_facts import ALL_TYPES, closed_keys, normalize_types, types_of
 
 #: Largest magnitude at which a JSON number still compares exactly as an f64 bound.
 _EXACT_FLOAT = 2**53
@@ -52,19 +54,26 @@ class Negator:
         #: raises NotExpressible when that cannot be built exactly
         self._complement = complement
         self._active_refs: set[str] = set()
+        self._ctx = NegationContext(lookup)
         #: the pointer of the keyword being negated, named by the fractions it needs
         self.pointer = ""
         #: whether a negation left a number that must not be an integer (``fraction_sites``)
         self.made_fraction = False
 
     def negate(
-        self, s: dict | bool, within: frozenset[str] = ALL_TYPES, keys: frozenset[str] | None = None
+        self,
+        s: dict | bool,
+        within: frozenset[str] = ALL_TYPES,
+        keys: frozenset[str] | None = None,
+        ctx: Any = True,
     ) -> dict | bool:
         """A schema for {x : type(x) in within and x does not satisfy s}.
 
         `keys`, when given, are the only property names objects can have in the context the
         negation is used in (a closed object next to it); it makes `additionalProperties`
         negatable: "some key outside `properties`" becomes "one of these keys is present".
+        `ctx` is the schema the negation is conjoined with (`negate_context`): what it rules out
+        at a member or item may be left out there.
         """
         self._tick()
         if s is True or s == {}:
@@ -75,7 +84,7 @@ class Negator:
         inside = _inside_types(s, within)
         if inside:
             for key, value in s.items():
-                parts.extend(self._negate_keyword(key, value, s, inside, keys))
+                parts.extend(self._negate_keyword(key, value, s, inside, keys, ctx))
         return _any_of(parts)
 
     def _outside_types(self, s: dict, within: frozenset[str]) -> list[dict]:
@@ -97,7 +106,13 @@ class Negator:
         return out
 
     def _negate_keyword(
-        self, key: str, value: object, s: dict, inside: frozenset[str], keys: frozenset[str] | None
+        self,
+        key: str,
+        value: object,
+        s: dict,
+        inside: frozenset[str],
+        keys: frozenset[str] | None,
+        ctx: Any,
     ) -> list:
         if key == "type":
             return []
@@ -106,12 +121,12 @@ class Negator:
         if key in ("const", "enum"):
             return _not_values([value] if key == "const" else value, inside)
         if key == "allOf":  # same instance: the key context still holds
-            return [self.negate(sub, inside, keys) for sub in value]
+            return [self.negate(sub, inside, keys, ctx) for sub in value]
         if key == "anyOf":
-            negs = [self.negate(sub, inside, keys) for sub in value]
+            negs = [self.negate(sub, inside, keys, ctx) for sub in value]
             return [False] if any(n is False for n in negs) else [{"allOf": negs}]
         if key == "$ref":
-            return [self._negate_ref(value, inside, keys)]
+            return [self._negate_ref(value, inside, keys, ctx)]
         if key == "pattern" and "string" in inside:
             other = self._complement(value)
             return [] if other is None else [{"type": "string", "pattern": other}]
@@ -120,26 +135,33 @@ class Negator:
         if key in _NUMBER_NEG and inside & {"number", "integer"}:
             return _NUMBER_NEG[key](value, "number" if "number" in inside else "integer")
         if key in _ARRAY_KEYS and "array" in inside:
-            return self._negate_array_keyword(key, value, s)
+            return self._negate_array_keyword(key, value, s, ctx)
         if key in _OBJECT_KEYS and "object" in inside:
-            return self._negate_object_keyword(key, value, s, keys)
+            return self._negate_object_keyword(key, value, s, keys, ctx)
         if key in _STRING_KEYS or key in _NUMBER_NEG or key in _ARRAY_KEYS or key in _OBJECT_KEYS:
             return []  # the keyword only constrains types this context excludes
         raise NotExpressible(key, f"negating '{key}' is not supported")
 
     def _negate_ref(
-        self, ref: str, inside: frozenset[str], keys: frozenset[str] | None
+        self, ref: str, inside: frozenset[str], keys: frozenset[str] | None, ctx: Any
     ) -> dict | bool:
         target = self._lookup(ref)
         if target is None or ref in self._active_refs:
             raise NotExpressible("$ref", "negating a recursive $ref is not supported")
         self._active_refs.add(ref)
         try:
-            return self.negate(target, inside, keys)
+            return self.negate(target, inside, keys, ctx)
         finally:
             self._active_refs.discard(ref)
 
-    def _negate_array_keyword(self, key: str, value: object, s: dict) -> list:
+    def _in(self, sub: Any, ctx: Any) -> dict | bool:
+        """`sub` negated at a member or item whose context is `ctx`."""
+        types = self._ctx.types(ctx)
+        if not types:
+            return False  # the context allows nothing here: nothing to fail
+        return self.negate(sub, types, closed_keys(ctx), ctx)
+
+    def _negate_array_keyword(self, key: str, value: object, s: dict, ctx: Any) -> list:
         if key == "minItems":
             return [{"type": "array", "maxItems": value - 1}] if value > 0 else []
         if key == "maxItems":
@@ -147,7 +169,7 @@ class Negator:
         if key == "prefixItems":
             out = []
             for i, sub in enumerate(value):
-                neg = self.negate(sub)
+                neg = self._in(sub, self._ctx.item(ctx, i))
                 if neg is not False:
                     prefix = [True] * i + [neg]
                     out.append({"type": "array", "minItems": i + 1, "prefixItems": prefix})
@@ -155,19 +177,27 @@ class Negator:
         # items
         if value is True or value == {}:
             return []
+        first = len(s.get("prefixItems", ()))
         if value is False:
-            return [{"type": "array", "minItems": len(s.get("prefixItems", ())) + 1}]
+            return [{"type": "array", "minItems": first + 1}]
+        rest = self._ctx.item(ctx, first)
+        if rest == self._ctx.item(ctx, first + 64):  # the same context for every later item
+            types = self._ctx.types(rest)
+            if not _inside_types(value, types):  # every item the context allows fails it
+                return [{"type": "array", "minItems": first + 1}] if types else []
+            if self.negate(value, types, closed_keys(rest), rest) is False:
+                return []  # every item the context allows satisfies it
         raise NotExpressible("items", "negating 'items' needs 'contains', which is not supported")
 
     def _negate_object_keyword(
-        self, key: str, value: object, s: dict, keys: frozenset[str] | None
+        self, key: str, value: object, s: dict, keys: frozenset[str] | None, ctx: Any
     ) -> list:
         if key == "required":
             return [{"type": "object", "properties": {name: False}} for name in value]
         if key == "properties":
             out = []
             for name, sub in value.items():
-                neg = self.negate(sub)
+                neg = self._in(sub, self._ctx.member(ctx, name))
                 if neg is not False:
                     out.append({"type": "object", "required": [name], "properties": {name: neg}})
             return out
@@ -184,10 +214,12 @@ class Negator:
                 extra = sorted(keys - set(s.get("properties", ())))
                 if value is False:
                     return [{"type": "object", "required": [k]} for k in extra]
-                neg = self.negate(value)
-                if neg is False:
-                    return []
-                return [{"type": "object", "required": [k], "properties": {k: neg}} for k in extra]
+                negs = {k: self._in(value, self._ctx.member(ctx, k)) for k in extra}
+                return [
+                    {"type": "object", "required": [k], "properties": {k: neg}}
+                    for k, neg in negs.items()
+                    if neg is not False
+                ]
         raise NotExpressible(key, f"negating '{key}' needs key-level 'contains'")
 
 
