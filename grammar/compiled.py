@@ -14,12 +14,12 @@ from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.distinct_keys import DistinctKeysMatcher, token_index
 from corral.grammar.errors import Unenforced
-from corral.grammar.fraction_sites import FRACTION, Sites, fraction_sites, has_fraction
-from corral.grammar.fractions import FractionMatcher
 from corral.grammar.llg_limits import check_raised
 from corral.grammar.matcher import Matcher
 from corral.grammar.rewrite_log import Rewritten
 from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.value_checks import ValueChecksMatcher
+from corral.grammar.value_sites import MARKS, Sites, has_marks, value_sites
 from corral.grammar.version import ANALYSIS_VERSION
 
 #: Bumped whenever the byte layout or the meaning of a stored payload changes.
@@ -111,7 +111,7 @@ class CompiledConstraint:
             raise ValueError(f"unknown grammar backend {self.backend!r}; known: {known}")
         if self.distinct_keys and self.backend != llg.NAME:
             raise ValueError("distinct keys are checked over llguidance matchers only")
-        object.__setattr__(self, "_fractions", _fraction_sites(self.backend, self.payload))
+        object.__setattr__(self, "_sites", _value_sites(self.backend, self.payload))
 
     @property
     def size_bytes(self) -> int:
@@ -125,9 +125,9 @@ class CompiledConstraint:
         if self.distinct_keys:
             tok = self.native.tokenizer
             inner = DistinctKeysMatcher(inner, token_index(tok), self.eos_token_ids)
-        if self._fractions is not None:  # type: ignore[attr-defined]
-            sites = self._fractions  # type: ignore[attr-defined]
-            inner = FractionMatcher(inner, sites, self.native.tokenizer, self.eos_token_ids)
+        if self._sites is not None:  # type: ignore[attr-defined]
+            sites = self._sites  # type: ignore[attr-defined]
+            inner = ValueChecksMatcher(inner, sites, self.native.tokenizer, self.eos_token_ids)
         return inner
 
     @property
@@ -195,13 +195,16 @@ class CompiledConstraint:
         )
 
 
-def _fraction_sites(backend: str, payload: bytes) -> Sites | None:
-    """The fraction sites of an llguidance JSON-schema grammar that has any (``fractions``)."""
-    if backend != llg.NAME or FRACTION.encode() not in payload:
+def _value_sites(backend: str, payload: bytes) -> Sites | None:
+    """The sites of an llguidance JSON-schema grammar that has marks (``value_checks``)."""
+    if backend != llg.NAME or not any(m.encode() in payload for m in MARKS):
         return None
-    grammars = json.loads(payload).get("grammars", ())
+    try:
+        grammars = json.loads(payload).get("grammars", ())
+    except ValueError:  # a Lark grammar: the compiler never lets a mark into one
+        return None
     schema = grammars[0].get("json_schema") if len(grammars) == 1 else None
-    return fraction_sites(schema) if has_fraction(schema) else None
+    return value_sites(schema) if has_marks(schema) else None
 
 
 _HEADER_KEYS = {

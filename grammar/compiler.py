@@ -23,24 +23,18 @@ from corral.grammar import backend_llguidance as llg
 from corral.grammar import backend_xgrammar as xgr
 from corral.grammar.compiled import CompiledConstraint
 from corral.grammar.errors import ConstraintError, Unenforced
-from corral.grammar.fraction_sites import (
-    FractionConflict,
-    fraction_sites,
-    has_fraction,
-    marks,
-    strip_fractions,
-)
 from corral.grammar.input_checks import nesting_error
 from corral.grammar.llg_limits import RAISED, effective_limits, needed
 from corral.grammar.probe import ProbeFailure, probe
 from corral.grammar.reasoning import after_reasoning
 from corral.grammar.regex_translate import literal_regex, translate_regex
-from corral.grammar.rewrite_log import ANY_ORDER, FRACTION_CHECK, Rewritten
+from corral.grammar.rewrite_log import ANY_ORDER, VALUE_CHECKS, Rewritten
 from corral.grammar.schema_analysis import SchemaPlan, analyze_schema
 from corral.grammar.schema_order import backend_layout
 from corral.grammar.spec import ConstraintKind, ConstraintSpec
 from corral.grammar.structural_tag import structural_tag_lark
 from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.value_sites import SiteConflict, has_marks, marks, strip_marks, value_sites
 
 
 def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
@@ -71,9 +65,9 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
             schema, distinct_keys, freed = backend_layout(schema, distinct_keys)
             rewrites += _any_order(plan, freed)
         json_alone = spec.reasoning is None
-        lost = checked_fractions(schema, spec.strict, json_alone)
-        if lost:  # lenient: the marks were dropped, so no fraction is checked
-            rewrites = tuple(r for r in rewrites if r.rewrite != FRACTION_CHECK)
+        lost = checked_marks(schema, spec.strict, json_alone)
+        if lost:  # lenient: the marks were dropped, so nothing is checked for them
+            rewrites = tuple(r for r in rewrites if r.rewrite not in VALUE_CHECKS)
         unenforced = plan.unenforced + lost
         grammar = llg.grammar_from_schema(schema, spec.json_format)
         keyword = "schema"
@@ -120,7 +114,7 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
     def analyse(schema):
         plan = analyze_schema(schema, lenient=not spec.strict, check_keys=False)
         rewrites.append(plan.rewrites)
-        lost = checked_fractions(plan.schema, spec.strict, json_alone=False)
+        lost = checked_marks(plan.schema, spec.strict, json_alone=False)
         grammar = llg.grammar_from_schema(plan.schema, spec.json_format)
         raised.update(probed_prototype(grammar, tok, "schema", raised).raised)
         return plan.schema, plan.unenforced + lost
@@ -136,23 +130,28 @@ def _structural_tag(spec: ConstraintSpec, tok: TokenizerInfo) -> tuple[str, tupl
     return llg.grammar_from_lark(lark), unenforced, raised, moved
 
 
-def checked_fractions(schema: object, strict: bool, json_alone: bool) -> tuple[Unenforced, ...]:
-    """Make sure the matcher can check every number the analysis marked as no integer
-    (``fraction_sites``): refuse the keyword that needed one where it cannot (strict), or drop
-    the marks and report them (lenient; ``schema`` is changed in place)."""
-    if not has_fraction(schema):
+def checked_marks(schema: object, strict: bool, json_alone: bool) -> tuple[Unenforced, ...]:
+    """Make sure the matcher can check every value the analysis marked for it (``value_sites``:
+    a number that must not be an integer, items that must not repeat): refuse the keyword that
+    needed a mark where it cannot (strict), or drop the marks and report them (lenient;
+    ``schema`` is changed in place)."""
+    if not has_marks(schema):
         return ()
     try:
         if not json_alone:
-            raise FractionConflict("", "the output is not JSON alone (reasoning or tags)")
-        fraction_sites(schema)
+            raise SiteConflict("", "the output is not JSON alone (reasoning or tags)")
+        value_sites(schema)
         return ()
-    except FractionConflict as e:
-        why = f"a number that must not be an integer cannot be checked here: {e.reason}"
+    except SiteConflict as e:
+        why = f"cannot be checked at value boundaries here: {e.reason}"
         if strict:
             pointer = e.pointer or marks(schema)[0]
-            raise ConstraintError(why, pointer, _keyword_at(pointer)) from None
-        return tuple(Unenforced(p, _keyword_at(p), why) for p in strip_fractions(schema))
+            raise ConstraintError(
+                f"'{_keyword_at(pointer)}' {why}", pointer, _keyword_at(pointer)
+            ) from None
+        return tuple(
+            Unenforced(p, _keyword_at(p), f"'{_keyword_at(p)}' {why}") for p in strip_marks(schema)
+        )
 
 
 def _keyword_at(pointer: str) -> str:

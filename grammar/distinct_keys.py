@@ -181,7 +181,7 @@ class DistinctKeysMatcher(Matcher):
             return index.three
         if state.mode == _VALUE:  # open and close a key
             return index.two
-        held = _decode_prefix(state.raw)
+        held = decode_prefix(state.raw)
         if held is None:  # the key so far ends inside an escape: check every closing token
             return index.one
         rests = [k[len(held) :] for k in state.stack[-1] if k.startswith(held)]
@@ -240,11 +240,11 @@ def _closing_piece(token: bytes) -> tuple[bool, str | None]:
         elif b == _BACKSLASH:
             escaped = True
         elif b == _QUOTE:
-            return True, _decode_prefix(token[:i])
+            return True, decode_prefix(token[:i])
     return False, None
 
 
-def _decode_prefix(raw: bytes) -> str | None:
+def decode_prefix(raw: bytes) -> str | None:
     """The characters of a key begun with ``raw``; None when ``raw`` ends inside an escape or a
     UTF-8 sequence (then no prefix test is exact)."""
     if b"\\" not in raw:

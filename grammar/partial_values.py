@@ -12,7 +12,6 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.shortest import (
     JsonCloser,
     Schema,
@@ -21,6 +20,7 @@ from corral.grammar.shortest import (
     json_kind,
     number_ok,
 )
+from corral.grammar.value_sites import FRACTION
 
 LITERALS = ("true", "false", "null")
 HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # the escape of a high surrogate

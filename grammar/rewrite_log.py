@@ -46,4 +46,7 @@ PATTERN_NARROWED = "pattern shorthand classes narrowed to ASCII"
 FOLDED_ENUM = "conjunction folded into enum"
 DISTINCT_KEYS = "repeated keys checked at value boundaries"
 FRACTION_CHECK = "not integer->fraction checked at value boundaries (plain decimal, 15 digits)"
+UNIQUE_CHECK = "uniqueItems checked at value boundaries (open string items)"
+#: the rewrites that rely on a mark the matcher checks (``value_sites``)
+VALUE_CHECKS = (FRACTION_CHECK, UNIQUE_CHECK)
 ANY_ORDER = "optional properties in any order"

@@ -11,7 +11,7 @@ Python source). Keywords whose negation is not expressible for the backend (`mul
 `NotExpressible`; the caller refuses the
 keyword (strict) or reports it (lenient). Nothing is ever approximated. A number that is not an
 integer (what `not {type: integer}` leaves) is marked `FRACTION` for the matcher to check at
-value boundaries (`fraction_sites`, `fractions`).
+value boundaries (`value_sites`, `value_checks`).
 
 Copies: the schema negated is only read; the negation is built from new objects but may share
 subtrees with it.
@@ -23,9 +23,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.negate_context import NegationContext
 from corral.grammar.schema_facts import ALL_TYPES, closed_keys, normalize_types, types_of
+from corral.grammar.value_sites import FRACTION
 
 #: Largest magnitude at which a JSON number still compares exactly as an f64 bound.
 _EXACT_FLOAT = 2**53
@@ -57,7 +57,7 @@ class Negator:
         self._ctx = NegationContext(lookup)
         #: the pointer of the keyword being negated, named by the fractions it needs
         self.pointer = ""
-        #: whether a negation left a number that must not be an integer (``fraction_sites``)
+        #: whether a negation left a number that must not be an integer (``value_sites``)
         self.made_fraction = False
 
     def negate(
@@ -100,7 +100,7 @@ class Negator:
         ]
         out = [_of_types(frozenset(rest))] if rest else []
         if "number" in within and "integer" in own and "number" not in own:
-            # the numbers an integer type leaves: checked at value boundaries (`fractions`)
+            # the numbers an integer type leaves: checked at value boundaries (`value_checks`)
             self.made_fraction = True
             out.append({"type": "number", FRACTION: self.pointer})
         return out

@@ -35,12 +35,12 @@ from functools import lru_cache
 from typing import Any
 
 from corral.grammar.errors import ConstraintError
-from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.regex_algebra import complement, regular
 from corral.grammar.regex_translate import translate_regex
 from corral.grammar.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED
 from corral.grammar.schema_facts import escape_pointer
 from corral.grammar.schema_negate import NotExpressible
+from corral.grammar.value_sites import FRACTION, UNIQUE
 
 _DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
 
@@ -232,6 +232,8 @@ def python_dialect(schema: Any, sources: dict[str, str], memo: dict | None = Non
                 out[key] = value
             elif key == FRACTION:  # kept for the closers, and read by the judge as a `not`
                 out[key], out["not"] = value, {"type": "integer"}  # never beside a `not`
+            elif key == UNIQUE:  # the judge's reading of the mark
+                out[key], out["uniqueItems"] = value, True
             elif key == "pattern":
                 out[key] = sources.get(value, value)
             elif key in ("patternProperties", "properties", "$defs"):

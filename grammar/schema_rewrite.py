@@ -39,6 +39,7 @@ from corral.grammar.schema_facts import (
     json_equal,
     types_of,
 )
+from corral.grammar.value_modes import UNIQUE, Modes
 
 _APPLICATORS = frozenset(
     "allOf anyOf oneOf not if $ref dependentSchemas dependencies $dynamicRef".split()
@@ -258,11 +259,23 @@ class KeywordRewrites:
                     v for i, v in enumerate(domain) if not any(json_equal(v, w) for w in domain[:i])
                 ]
                 arrangements = _arrangements(distinct, out.get("minItems", 0), out.get("maxItems"))
+        target = lambda ref: self.a.lookup(ref) or False  # noqa: E731 - unknown: not open
+        if (
+            arrangements is None
+            and "prefixItems" not in out
+            and self.a.check_keys
+            and Modes(target).open_string(items)
+        ):
+            # open string items: the matcher refuses a repeated one (``value_sites``)
+            out[UNIQUE] = where
+            self.a.record(where, "uniqueItems", log.UNIQUE_CHECK)
+            return
         if arrangements is None:
             self.a.refuse(
                 where,
                 "uniqueItems",
-                "'uniqueItems' can only be enforced over a small finite item domain",
+                "'uniqueItems' can only be enforced over a small finite item domain, or over "
+                "strings with no bound but a 'minLength' (checked by the matcher)",
             )
             return
         others = sorted(ALL_TYPES - {"array"})

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import interegular
 
-from corral.grammar.fraction_sites import FRACTION
 from corral.grammar.schema_merge import merge
+from corral.grammar.value_sites import FRACTION, UNIQUE
 
 if TYPE_CHECKING:
     from corral.grammar.partial_json import PartialJson
@@ -187,7 +187,14 @@ class JsonCloser:
             if node.get("minItems", 0) > MAX_FILL:
                 return None
             items = [self.shortest(self.child(node, i)) for i in range(node.get("minItems", 0))]
-            return None if None in items else "[" + self.comma.join(items) + "]"  # type: ignore[arg-type]
+            if None in items:
+                return None
+            if UNIQUE in node:  # open string items (``value_sites``): made distinct
+                items = [
+                    self.dumps(json.loads(t) + str(i) if i else json.loads(t))
+                    for i, t in enumerate(items)
+                ]  # type: ignore[arg-type]
+            return "[" + self.comma.join(items) + "]"  # type: ignore[arg-type]
         if kind == "object":
             members = self.required_members(node, ())
             if members is None:

@@ -37,8 +37,13 @@ WEATHER = {
     "strict": True,
 }
 ASK = "What is the weather in Oslo? Use the tool."
-# uniqueItems over an unbounded item domain cannot be enforced exactly: strict refuses it
-UNIQUE_STRINGS = {"type": "array", "items": {"type": "string"}, "maxItems": 3, "uniqueItems": True}
+# uniqueItems over a large bounded item domain cannot be enforced exactly: strict refuses it
+UNIQUE_STRINGS = {
+    "type": "array",
+    "items": {"type": "string", "maxLength": 8},
+    "maxItems": 3,
+    "uniqueItems": True,
+}
 
 
 class Verdict(BaseModel):

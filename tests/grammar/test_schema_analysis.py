@@ -143,7 +143,7 @@ REFUSED = [
     ({"contains": {"type": "string"}}, "/contains", "contains"),
     ({"properties": {"a": {"not": {"pattern": "^x{5000}"}}}}, "/properties/a/not", "not"),
     (
-        {"items": {"uniqueItems": True, "items": {"type": "string"}}},
+        {"items": {"uniqueItems": True, "items": {"type": "string", "maxLength": 9}}},
         "/items/uniqueItems",
         "uniqueItems",
     ),

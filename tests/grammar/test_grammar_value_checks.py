@@ -1,5 +1,5 @@
 """Numbers that must not be integers (``not {type: integer}``), checked at value boundaries
-(``grammar.fraction_sites``, ``grammar.fractions``).
+(``grammar.value_sites``, ``grammar.value_checks``).
 
 Real tokenizer, real compiles. The text rules are checked against a brute-force search and the
 float judge; random walks are judged by ``jsonschema`` with the schema as sent, so a walk that
@@ -20,12 +20,12 @@ from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.compiler import checked_fractions
-from corral.grammar.fraction_sites import FRACTION, fraction_sites
-from corral.grammar.fractions import MAX_DIGITS, FractionMatcher, alive, is_fraction
-from corral.grammar.rewrite_log import FRACTION_CHECK
+from corral.grammar.compiler import checked_marks
+from corral.grammar.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.shortest import JsonCloser
+from corral.grammar.value_checks import MAX_DIGITS, ValueChecksMatcher, alive, is_fraction
+from corral.grammar.value_sites import FRACTION, value_sites
 from corral.grammar.walk import accepts
 
 NOT_INT = {"not": {"type": "integer"}}
@@ -105,7 +105,7 @@ def test_text_rules_match_a_brute_force_search_and_the_float_judge():
 def test_walks_write_fractions_where_integers_are_not_allowed(schema, path, llama3_tokenizer):
     tok = llama3_tokenizer
     c = _compile(schema, tok)
-    assert isinstance(c.matcher(), FractionMatcher)
+    assert isinstance(c.matcher(), ValueChecksMatcher)
     assert any(r.rewrite == FRACTION_CHECK for r in c.rewrites)
     judge = Draft202012Validator(schema)
     table, rng = TokenTable.cached(tok), random.Random(7)
@@ -143,7 +143,7 @@ def test_texts_are_judged_at_the_number_boundary(llama3_tokenizer):
     rest = tok.encode('3.5,"b":1}')
     assert m.accept_tokens(rest) == len(rest) and m.can_terminate()
     again = CompiledConstraint.from_bytes(c.to_bytes(), tok)  # the cache keeps the check
-    assert isinstance(again.matcher(), FractionMatcher)
+    assert isinstance(again.matcher(), ValueChecksMatcher)
     assert not _accepts(again, '{"a":3,"b":2}', tok) and _accepts(again, '{"a":3.5,"b":2}', tok)
 
 
@@ -161,7 +161,7 @@ def test_a_fraction_the_matcher_cannot_tell_apart_is_refused_or_reported(llama3_
     assert info.value.pointer == "/anyOf/0/properties/x/not" and info.value.keyword == "not"
     lenient = _compile(coupled, tok, strict=False)
     assert [u.pointer for u in lenient.unenforced] == ["/anyOf/0/properties/x/not"]
-    assert not isinstance(lenient.matcher(), FractionMatcher)
+    assert not isinstance(lenient.matcher(), ValueChecksMatcher)
     assert not any(r.rewrite == FRACTION_CHECK for r in lenient.rewrites)
     bounded = {"type": "number", "maximum": 5, **NOT_INT}  # "5" could not become a fraction
     with pytest.raises(ConstraintError):
@@ -170,10 +170,10 @@ def test_a_fraction_the_matcher_cannot_tell_apart_is_refused_or_reported(llama3_
 
 def test_marks_need_the_output_to_be_json_alone():
     schema = analyze_schema(OBJECT).schema
-    fraction_sites(schema)  # JSON alone: fine
+    value_sites(schema)  # JSON alone: fine
     with pytest.raises(ConstraintError):
-        checked_fractions(schema, strict=True, json_alone=False)
-    lost = checked_fractions(schema, strict=False, json_alone=False)
+        checked_marks(schema, strict=True, json_alone=False)
+    lost = checked_marks(schema, strict=False, json_alone=False)
     assert [u.pointer for u in lost] == ["/properties/a/not"]
     assert FRACTION not in json.dumps(schema)
 
@@ -188,3 +188,90 @@ def test_budget_closing_finishes_a_fraction():
         found = partial.closing()
         assert found is not None, prefix
         assert Draft202012Validator(OBJECT).is_valid(json.loads(prefix + found[0])), prefix
+
+
+UNIQUE_TAGS = {
+    "type": "object",
+    "properties": {
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "uniqueItems": True,
+            "minItems": 3,
+        }
+    },
+    "required": ["tags"],
+    "additionalProperties": False,
+}
+
+
+def test_string_items_never_repeat_however_they_are_spelt(llama3_tokenizer):
+    tok = llama3_tokenizer
+    c = _compile(UNIQUE_TAGS, tok)
+    assert isinstance(c.matcher(), ValueChecksMatcher)
+    assert any(r.rewrite == UNIQUE_CHECK for r in c.rewrites)
+    assert _accepts(c, '{"tags":["a","b","ab"]}', tok)
+    for repeat in (
+        '["a","b","a"]',
+        '["a","b","\\u0061"]',
+        '["x y","x","x y"]',
+        '["é","e","\\u00e9"]',
+    ):
+        assert not _accepts(c, '{"tags":' + repeat + "}", tok), repeat
+    again = CompiledConstraint.from_bytes(c.to_bytes(), tok)  # the cache keeps the check
+    assert not _accepts(again, '{"tags":["a","b","a"]}', tok)
+
+
+def _eager_walk(m, tok, prefer: list[str], limit: int = 60) -> str:
+    """Always the first of ``prefer`` the mask allows, else its lowest allowed token: for
+    string items, the shortest items there are, which repeat unless the matcher refuses it."""
+    from grammar_walkers import allowed_ids
+
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    ids = [tok.encode(p)[0] for p in prefer]
+    out: list[int] = []
+    for _ in range(limit):
+        m.fill_mask(bitmask, 0)
+        allowed = set(allowed_ids(bitmask, 0, tok.vocab_size).tolist())
+        assert allowed, "no token allowed: a dead end"
+        pick = next((t for t in ids if t in allowed), min(allowed))
+        if pick in tok.eos_token_ids:
+            break
+        assert m.accept(pick)
+        out.append(pick)
+    return decode(tok, out)
+
+
+def test_the_shortest_items_stay_distinct_and_never_stall(llama3_tokenizer):
+    tok = llama3_tokenizer
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}
+    c = _compile(schema, tok)
+    text = _eager_walk(c.matcher(), tok, ['"', "]", ",", "[", *map(chr, range(97, 123))])
+    value = json.loads(text)
+    assert Draft202012Validator(schema).is_valid(value) and len(value) == 4, text
+    assert "" in value  # the first item is the shortest; the later ones had to differ
+
+
+def test_a_unique_array_the_matcher_cannot_tell_apart_is_refused(llama3_tokenizer):
+    tok = llama3_tokenizer
+    either = {
+        "anyOf": [
+            {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            {"type": "array", "items": {"type": "string"}, "minItems": 5},
+        ]
+    }
+    with pytest.raises(ConstraintError) as info:
+        _compile(either, tok)
+    assert info.value.pointer == "/anyOf/0/uniqueItems" and info.value.keyword == "uniqueItems"
+    lenient = _compile(either, tok, strict=False)
+    assert [u.pointer for u in lenient.unenforced] == ["/anyOf/0/uniqueItems"]
+    assert not isinstance(lenient.matcher(), ValueChecksMatcher)
+    bounded = {"type": "array", "items": {"type": "string", "maxLength": 2}, "uniqueItems": True}
+    with pytest.raises(ConstraintError):  # "ab" may be the only item left: refused up front
+        _compile(bounded, tok)
+
+
+def test_budget_closing_writes_distinct_items():
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(UNIQUE_TAGS))
+    shortest = closer.shortest(closer.root)
+    assert Draft202012Validator(UNIQUE_TAGS).is_valid(json.loads(shortest)), shortest

@@ -1,21 +1,26 @@
-"""Numbers that must not be integers, checked at value boundaries (sites: ``fraction_sites``).
+"""Values checked at value boundaries, at the sites ``value_sites`` finds.
 
-:class:`FractionMatcher` wraps a backend matcher, follows the JSON text token by token
+:class:`ValueChecksMatcher` wraps a backend matcher, follows the JSON text token by token
 (:func:`scan`, which knows the automaton state of every open value) and takes out of the mask,
-out of ``accept`` and out of the forced continuation every token that would finish an integer
-where a site wants a fraction, or leave a number there that no continuation can make one.
+out of ``accept`` and out of the forced continuation every token that would
+
+* finish an integer where a number must not be one, or leave a number there that no
+  continuation can make a fraction;
+* close a string item that its array, whose items must not repeat, already holds.
 
 The judge reads numbers as Python floats (``jsonschema``: ``1.0000000000000001`` is the float
 1.0, an integer), so a fraction here is written in plain decimal with at most
 :data:`MAX_DIGITS` significant digits and at least one non-zero digit after the point: within
 15 significant digits a decimal that is not an integer stays one as a float, and every such
-decimal has that spelling. No dead end: the text is refused as soon as it has no room left for a
-non-zero decimal (an integer part of 15 digits, or an exponent), and a site's number is never
-bounded (``fraction_sites`` refuses that), so a digit or a point always continues it.
+decimal has that spelling. No dead end: a number is refused as soon as it has no room left for
+a non-zero decimal (an integer part of 15 digits, or an exponent), and a site's number is never
+bounded (``value_sites`` refuses that), so a digit or a point always continues it; a unique
+array's items are open strings, so an item begun can always be finished as a new one.
 
-Cost: only tokens that can touch a number at a site are scanned: inside such a number, those
-the backend allows there (digits, a point, what ends the number); elsewhere, tokens with a digit
-(inside a string: a digit and a quote).
+Cost: only tokens that can finish a checked value are scanned: inside a checked number, those
+the backend allows there; elsewhere, tokens with a digit (inside a string: a digit and a
+quote), and for string items the tokens that would close one as an item held (``distinct_keys``'
+index of tokens by the text before their quote), or open and close one.
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from corral.grammar.distinct_keys import Candidates, candidates, token_index
-from corral.grammar.fraction_sites import Sites
+from corral.grammar.distinct_keys import TokenIndex, decode_prefix, token_index
 from corral.grammar.matcher import Matcher
 from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.value_sites import Sites
 
 #: Most significant digits of a fraction at a site (the float judge's exact range).
 MAX_DIGITS = 15
@@ -64,11 +69,12 @@ def _significant(whole: str, part: str) -> int:
 class Scan(NamedTuple):
     """Where the JSON text so far stands. Immutable: one per accepted token, for rollback.
 
-    ``stack``: per open container, its automaton state and, for an array, the index of the
-    item being written (-1 for an object). ``site``: the state of the next value (-1 none).
-    ``text``: a key's bytes, or a checked number's text."""
+    ``stack``: per open container, its automaton state, for an array the index of the item
+    being written (-1 for an object), and for an array whose items must not repeat, the string
+    items it holds (else None). ``site``: the state of the next value. ``text``: a key's bytes,
+    a checked number's text, or a checked string item's bytes (``checked``)."""
 
-    stack: tuple[tuple[int, int], ...] = ()
+    stack: tuple[tuple[int, int, frozenset[str] | None], ...] = ()
     mode: int = _VALUE
     escaped: bool = False
     text: bytes = b""
@@ -78,8 +84,8 @@ class Scan(NamedTuple):
 
 
 def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
-    """``state`` after ``data``; None when they finish an integer at a site, or leave a number
-    there that cannot become a fraction."""
+    """``state`` after ``data``; None when they finish an integer where a fraction is due, leave
+    a number there that cannot become one, or finish a string item its unique array holds."""
     stack, mode, escaped, text, site, key_next, checked = state
     for b in data:
         if mode == _NUMBER:
@@ -98,32 +104,40 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
             elif b == _QUOTE:
                 if mode == _KEY:
                     site = sites.key(stack[-1][0], _decode(text))
-                    text = b""
-                mode = _VALUE
+                elif checked:  # an item of an array whose items must not repeat
+                    at, i, held = stack[-1]
+                    item = _decode(text)
+                    if item in held:  # type: ignore[operator]
+                        return None
+                    stack = (*stack[:-1], (at, i, held | {item}))  # type: ignore[operator]
+                mode, text = _VALUE, b""
                 continue
-            if mode == _KEY:
+            if mode == _KEY or checked:
                 text += bytes((b,))
             continue
         if b in _WHITESPACE or b == ord(":"):
             continue
         if b == _QUOTE:
-            mode, key_next = (_KEY, False) if key_next else (_STRING, False)
+            if key_next:
+                mode, key_next = _KEY, False
+            else:
+                mode, checked = _STRING, bool(stack) and stack[-1][2] is not None
         elif b == ord("{"):
-            stack, key_next = (*stack, (site, -1)), True
+            stack, key_next = (*stack, (site, -1, None)), True
         elif b == ord("["):
-            stack = (*stack, (site, 0))
+            stack = (*stack, (site, 0, frozenset() if sites.unique[site] else None))
             site = sites.item(site, 0)
         elif b in b"}]":
             stack, key_next = stack[:-1], False
         elif b == ord(","):
             if stack and stack[-1][1] >= 0:
-                at, i = stack[-1]
-                stack = (*stack[:-1], (at, i + 1))
+                at, i, held = stack[-1]
+                stack = (*stack[:-1], (at, i + 1, held))
                 site = sites.item(at, i + 1)
             else:
                 key_next = True
         elif b == ord("-") or 48 <= b <= 57:  # a number starts (letters: true, false, null)
-            mode, checked = _NUMBER, site >= 0 and sites.checked[site]
+            mode, checked = _NUMBER, sites.fraction[site]
             text = bytes((b,)) if checked else b""
     if mode == _NUMBER and checked and not alive(text.decode()):
         return None
@@ -140,24 +154,26 @@ def _decode(raw: bytes) -> str:
 
 class _Index(NamedTuple):
     bytes: list[bytes]
-    digits: Candidates  # tokens with a digit
-    quoted: Candidates  # tokens with a digit and a quote
+    digits: np.ndarray  # tokens with a digit
+    quoted: np.ndarray  # tokens with a digit and a quote
+    keys: TokenIndex  # tokens by the quotes they hold and the text before one (``distinct_keys``)
 
 
 @lru_cache(maxsize=4)
 def _index(tok: TokenizerInfo) -> _Index:
-    raw = token_index(tok).bytes
-    digit = np.array([any(48 <= c <= 57 for c in t) for t in raw])
-    quote = np.array([b'"' in t for t in raw])
-    return _Index(raw, candidates(np.flatnonzero(digit)), candidates(np.flatnonzero(digit & quote)))
+    keys = token_index(tok)
+    digit = np.array([any(48 <= c <= 57 for c in t) for t in keys.bytes])
+    quote = np.array([b'"' in t for t in keys.bytes])
+    return _Index(keys.bytes, np.flatnonzero(digit), np.flatnonzero(digit & quote), keys)
 
 
-class FractionMatcher(Matcher):
-    """A backend matcher whose numbers at fraction sites are never integers. Its mask is the
-    inner matcher's (``fill_mask``, or a native batch fill of ``native_cursor`` followed by the
-    inner ``refine_mask``) refined here."""
+class ValueChecksMatcher(Matcher):
+    """A backend matcher whose numbers are never integers where fractions are due, and whose
+    arrays never repeat a string item where items must be distinct. Its mask is the inner
+    matcher's (``fill_mask``, or a native batch fill of ``native_cursor`` followed by the inner
+    ``refine_mask``) refined here."""
 
-    __slots__ = ("_inner", "_sites", "_index", "_states", "_tokens", "_eos", "_view")
+    __slots__ = ("_inner", "_sites", "_index", "_states", "_tokens", "_eos", "_view", "_kinds")
 
     def __init__(self, inner: Matcher, sites: Sites, tok: TokenizerInfo, eos: frozenset[int]):
         self._inner, self._sites, self._eos = inner, sites, eos
@@ -165,6 +181,7 @@ class FractionMatcher(Matcher):
         self._states = [Scan()]
         self._tokens: list[int] = []
         self._view: tuple[torch.Tensor | None, np.ndarray | None] = (None, None)
+        self._kinds = (any(sites.fraction), any(sites.unique))
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
         self._inner.fill_mask(bitmask, row)
@@ -187,10 +204,8 @@ class FractionMatcher(Matcher):
             allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
             allowed = allowed[allowed < len(self._index.bytes)]
         else:
-            ids, at, bits = (
-                self._index.quoted if state.mode in (_KEY, _STRING) else self._index.digits
-            )
-            allowed = ids[(words[at] & bits) != 0]
+            ids = self._candidates(state)
+            allowed = ids[(words[ids >> 5] & (np.uint32(1) << (ids & 31).astype(np.uint32))) != 0]
         for token in allowed.tolist():
             if (
                 token not in self._eos
@@ -200,6 +215,32 @@ class FractionMatcher(Matcher):
         if not self._finished(state):
             for token in self._eos:
                 words[token >> 5] &= ~np.uint32(1 << (token & 31))
+
+    def _candidates(self, state: Scan) -> np.ndarray:
+        """The tokens that could finish a checked value from ``state`` (a superset): a number
+        needs a digit; a string item needs the quote that closes it (and to repeat one it
+        holds, exactly that item's rest before it), or two quotes to open and close one."""
+        fraction, unique = self._kinds
+        index, keys = self._index, self._index.keys
+        in_string = state.mode in (_KEY, _STRING)
+        parts = [index.quoted if in_string else index.digits] if fraction else []
+        if unique:
+            if state.mode == _STRING and state.checked:
+                parts.append(self._closing(state))
+            else:
+                parts.append(keys.three.ids if in_string else keys.two.ids)
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+    def _closing(self, state: Scan) -> np.ndarray:
+        """Inside a string item: the tokens that close it as one its array holds, or that close
+        it and write another item (three quotes, or bytes that are no plain string body)."""
+        keys, held = self._index.keys, state.stack[-1][2] or ()
+        typed = decode_prefix(state.text)
+        if typed is None:  # inside an escape or a UTF-8 sequence: check every closing token
+            return keys.one.ids
+        rests = [h[len(typed) :] for h in held if h.startswith(typed)]
+        hits = [np.asarray(keys.closing.get(r, ()), dtype=np.int64) for r in rests]
+        return np.concatenate([keys.key_extra.ids, *hits])
 
     @staticmethod
     def _finished(state: Scan) -> bool:
