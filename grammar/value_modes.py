@@ -109,8 +109,8 @@ class Modes:
         key = (id(node), kind)
         if key in self._memo:
             return self._memo[key]
-        if key in self._busy:  # a reference back to the same position
-            return (_CONFLICT if kind == "number" else _MIXED), ""
+        if key in self._busy:  # a reference back to the same position: it adds no instance
+            return _NONE, ""
         both, either = (_both, _either) if kind == "number" else (_both_array, _either_array)
         self._busy.add(key)
         try:

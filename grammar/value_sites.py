@@ -145,6 +145,7 @@ class _Builder:
         self.terms: list[Term] = []
         self.marked: list[str | None] = []  # state -> the pointer of its unique mark
         self.nodes: dict[int, Any] = {}
+        self.busy: set[tuple[int, tuple]] = set()
 
     def run(self) -> Sites:
         todo = [self._state(self._node(self.root))]
@@ -214,8 +215,16 @@ class _Builder:
 
     def _node_child(self, node: dict, step: tuple) -> Term:
         container = "object" if step[0] == "key" else "array"
-        if not _admits(node, container):
-            return _FALSE
+        busy = (id(node), step)
+        if not _admits(node, container) or busy in self.busy:
+            return _FALSE  # a reference back to the same position adds no instance
+        self.busy.add(busy)
+        try:
+            return self._node_child_of(node, step)
+        finally:
+            self.busy.discard(busy)
+
+    def _node_child_of(self, node: dict, step: tuple) -> Term:
         parts = [self._own_child(node, step)]
         parts += [self._child(self._node(sub), step) for sub in node.get("allOf", ())]
         if "$ref" in node:
@@ -243,29 +252,37 @@ class _Builder:
             return _and([own, _or([*general, _TRUE])]) if general else own
         return _or([self._node(node.get("additionalProperties", True)), *general])
 
-    def _names(self, term: Term) -> set[str]:
+    def _names(self, term: Term, seen: set[int] | None = None) -> set[str]:
+        """The property names the schemas at a position declare."""
+        seen = set() if seen is None else seen
         kind, parts = term
         if kind != "node":
-            return set().union(*(self._names(t) for t in parts)) if parts else set()
+            return set().union(*(self._names(t, seen) for t in parts)) if parts else set()
         node = self.nodes[parts]
+        if id(node) in seen:
+            return set()
+        seen.add(id(node))
         subs = [*node.get("allOf", ()), *node.get("anyOf", ()), *node.get("oneOf", ())]
         if "$ref" in node:
             subs.append(self._target(node["$ref"]))
         names = set(node.get("properties", {})) | set(_patterns(node)[0])
-        return names.union(*(self._names(self._node(sub)) for sub in subs))
+        return names.union(*(self._names(self._node(sub), seen) for sub in subs))
 
-    def _width(self, term: Term, depth: int = 0) -> int:
+    def _width(self, term: Term, seen: set[int] | None = None) -> int:
+        """The most ``prefixItems`` places the schemas at a position declare."""
+        seen = set() if seen is None else seen
         kind, parts = term
-        if depth > 32:
-            return 0
         if kind != "node":
-            return max((self._width(t, depth + 1) for t in parts), default=0)
+            return max((self._width(t, seen) for t in parts), default=0)
         node = self.nodes[parts]
+        if id(node) in seen:
+            return 0
+        seen.add(id(node))
         subs = [*node.get("allOf", ()), *node.get("anyOf", ()), *node.get("oneOf", ())]
         if "$ref" in node:
             subs.append(self._target(node["$ref"]))
         own = len(node.get("prefixItems", ()))
-        return max([own, *(self._width(self._node(sub), depth + 1) for sub in subs)])
+        return max([own, *(self._width(self._node(sub), seen) for sub in subs)])
 
     def _mode(self, term: Term, kind: str) -> tuple[int, str]:
         what, parts = term
