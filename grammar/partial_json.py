@@ -161,12 +161,17 @@ class PartialJson(CharStream):
 
     def _end_value(self) -> None:
         """The innermost value is complete: its enclosing value keeps the branches that one of
-        the branches it is valid under came from (all of them, should none be: unknown)."""
+        the branches it is valid under came from (should none be, no closing is proposed)."""
         done = self.stack.pop()
         parent = self.stack[-1]
         kept = set().union(
             *(p for b, p in zip(done.schemas, done.parents, strict=True) if holds(done, b))
         )
+        if not kept:
+            # no branch followed holds the value (the branches were cut at MAX_BRANCHES, or
+            # the text is invalid): any closing from here could be wrong, so none is proposed
+            self.broken = True
+            return
         if kept and len(kept) < len(parent.schemas):
             order = sorted(kept)
             parent.schemas = [parent.schemas[i] for i in order]

@@ -19,6 +19,7 @@ from corral.grammar.shortest import (
     implied_types,
     json_kind,
     number_ok,
+    search_pattern,
 )
 from corral.grammar.value_sites import FRACTION
 
@@ -94,8 +95,11 @@ def holds(f: Frame, node: Schema) -> bool:
     if f.kind == "string":
         if "const" in node or "enum" in node:
             return f.text in ([node["const"]] if "const" in node else node["enum"])
-        rest = complete_string(node, f.text)
-        return rest in (None, "") and len(f.text) <= node.get("maxLength", len(f.text))
+        if not node.get("minLength", 0) <= len(f.text) <= node.get("maxLength", len(f.text)):
+            return False
+        if "pattern" in node:  # the judge's own reading (the closer's schema is its dialect)
+            return search_pattern(node["pattern"], f.text)
+        return complete_string(node, f.text) in (None, "")
     n = len(f.keys) if f.kind == "object" else f.count
     if f.kind == "object" and not set(node.get("required", ())) <= set(f.keys):
         return False

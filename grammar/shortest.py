@@ -136,7 +136,7 @@ class JsonCloser:
         if key in props:
             return props[key]
         for pattern, sub in node.get("patternProperties", {}).items():
-            if _search(pattern, key):
+            if search_pattern(pattern, key):
                 return sub
         return node.get("additionalProperties", True)
 
@@ -387,7 +387,9 @@ def json_kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "string"}.get(type(value), "number")
 
 
-def _search(pattern: str, text: str) -> bool:
+def search_pattern(pattern: str, text: str) -> bool:
+    """Whether Python's `re` finds `pattern` in `text` (as `jsonschema` judges); False when it
+    cannot read the pattern."""
     import re
 
     try:

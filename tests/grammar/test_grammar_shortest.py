@@ -131,3 +131,55 @@ def assert_prefixes_close(schema, text: str) -> int:
 
 def test_no_instance_means_no_closing():
     assert JsonCloser({"type": "string", "minLength": 10**9}).start().closing() is None
+
+
+ONE_OF_REQUIRED = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "name": {"type": "boolean"},
+        "tags": {"type": "boolean"},
+        "a": {"type": "boolean"},
+    },
+    "oneOf": [
+        {"required": ["a"]},
+        {"required": ["a", "id"]},
+        {"required": ["a", "name"]},
+        {"required": ["a", "tags"]},
+        {"required": ["id"]},
+        {"required": ["id", "name"]},
+        {"required": ["id", "tags"]},
+    ],
+}
+PATTERN_BRANCHES = {
+    "type": "object",
+    "properties": {
+        "a": {
+            "anyOf": [
+                {
+                    "properties": {"kind": {"const": "k0"}, "id": {"pattern": "^[A-Z]{2}$"}},
+                    "required": ["kind", "id"],
+                },
+                {"properties": {"kind": {"const": "k1"}, "id": {"type": "string"}}},
+            ]
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "text"),
+    [
+        (ONE_OF_REQUIRED, '{"id": ""}'),  # more branches than the closer follows
+        (PATTERN_BRANCHES, '{"a": {"id": "0", "kind": "k1"}}'),  # "0" rules out k0's pattern
+    ],
+)
+def test_a_closing_never_follows_a_branch_the_text_has_ruled_out(schema, text):
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    judge = Draft202012Validator(schema)
+    partial = closer.start()
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        if found is not None:
+            assert judge.is_valid(json.loads(text[: i + 1] + found[0])), text[: i + 1] + found[0]
