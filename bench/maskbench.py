@@ -184,7 +184,11 @@ def _lanes(engines: list[str], jobs: int) -> list[list[str]]:
 
 
 def _slim(r: dict) -> dict:
-    return {k: v for k, v in r.items() if k not in ("masks_us", "instance_masks")}
+    """A result without its per-mask times, keeping the slowest mask (to find the schema)."""
+    out = {k: v for k, v in r.items() if k not in ("masks_us", "instance_masks")}
+    if r.get("masks_us"):
+        out["mask_max_us"] = round(max(r["masks_us"]), 1)
+    return out
 
 
 if __name__ == "__main__":
