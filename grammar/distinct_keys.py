@@ -24,9 +24,9 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
-import torch
 
 from corral.grammar.matcher import Matcher
+from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
@@ -138,96 +138,36 @@ def token_index(tok: TokenizerInfo) -> TokenIndex:
     return TokenIndex(tok)
 
 
-class DistinctKeysMatcher(Matcher):
-    """A backend matcher whose outputs never repeat a key within one object.
+class DistinctKeysMatcher(ScanningMatcher):
+    """A backend matcher whose outputs never repeat a key within one object (``scanning``)."""
 
-    It wraps (does not extend) the backend's cursor: its mask is the cursor's (``fill_mask``, or
-    a native batch fill of ``native_cursor``) refined by ``refine_mask``."""
-
-    __slots__ = ("_inner", "_index", "_states", "_tokens", "_eos", "_view")
+    __slots__ = ("_index",)
 
     def __init__(self, inner: Matcher, index: TokenIndex, eos_token_ids: frozenset[int]) -> None:
-        self._inner, self._index, self._eos = inner, index, eos_token_ids
-        self._states = [Scan()]
-        self._tokens: list[int] = []
-        self._view: tuple[torch.Tensor | None, np.ndarray | None] = (None, None)
+        super().__init__(inner, eos_token_ids, index.bytes, Scan())
+        self._index = index
 
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
-        self._inner.fill_mask(bitmask, row)
-        self.refine_mask(bitmask, row)
-        return True
+    def _scan(self, state: Scan, data: bytes) -> Scan | None:
+        return scan(state, data)
 
-    def native_cursor(self) -> Any | None:
-        return self._inner.native_cursor()
-
-    def refine_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._view[0] is not bitmask:  # callers reuse one buffer: view it once
-            self._view = (bitmask, bitmask.numpy().view(np.uint32))
-        words = self._view[1][row]
-        ids, at, bits = self._candidates()
-        allowed = ids[(words[at] & bits) != 0]
-        state = self._states[-1]
-        for token in allowed.tolist():
-            if scan(state, self._index.bytes[token]) is None:
-                words[token >> 5] ^= np.uint32(1 << (token & 31))
-
-    def _candidates(self) -> Candidates:
+    def _candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
         """The tokens that could complete a key already in its object (a superset): a key is
         completed by a quote, so a token needs one quote per key boundary it crosses."""
-        state, index = self._states[-1], self._index
+        index = self._index
         if not any(state.stack):  # no key held yet: a repeat needs two keys in one token
-            return index.three
+            return index.three.ids
         if state.mode == _STRING:  # close the string, then open and close a key
-            return index.three
+            return index.three.ids
         if state.mode == _VALUE:  # open and close a key
-            return index.two
+            return index.two.ids
         held = decode_prefix(state.raw)
         if held is None:  # the key so far ends inside an escape: check every closing token
-            return index.one
+            return index.one.ids
         rests = [k[len(held) :] for k in state.stack[-1] if k.startswith(held)]
         if not rests:  # the key being written is none held: a repeat needs another key
-            return index.three
-        hits = [index.closing.get(rest, ()) for rest in rests]
-        return candidates(np.concatenate([index.key_extra.ids, *map(np.asarray, hits)]))
-
-    def accept(self, token_id: int) -> bool:
-        if token_id in self._eos:
-            after = self._states[-1]
-        else:
-            after = scan(self._states[-1], self._index.bytes[token_id])
-            if after is None:
-                return False
-        if not self._inner.accept(token_id):
-            return False
-        self._states.append(after)
-        self._tokens.append(token_id)
-        return True
-
-    def _undo(self, n: int) -> None:
-        self._inner.rollback(n)
-        del self._states[-n:]
-
-    def forced_continuation(self) -> bytes:
-        """The backend's forced bytes, cut before a quote that would complete a held key."""
-        forced = self._inner.forced_continuation()
-        state = self._states[-1]
-        for i in range(len(forced)):
-            state = scan(state, forced[i : i + 1])
-            if state is None:
-                return forced[:i]
-        return forced
-
-    def is_terminated(self) -> bool:
-        return self._inner.is_terminated()
-
-    def can_terminate(self) -> bool:
-        return self._inner.can_terminate()
-
-    def error(self) -> str | None:
-        return self._inner.error()
-
-    def recover(self) -> bool:
-        return self._inner.recover()
+            return index.three.ids
+        hits = [np.asarray(index.closing.get(rest, ()), dtype=np.int64) for rest in rests]
+        return np.concatenate([index.key_extra.ids, *hits])
 
 
 def _closing_piece(token: bytes) -> tuple[bool, str | None]:

@@ -63,8 +63,7 @@ class SchemaPlan:
     unenforced: tuple[Unenforced, ...] = ()
     #: (backend regex, the Python pattern it was translated from), for `judged_schema`
     regex_sources: tuple[tuple[str, str], ...] = ()
-    #: outputs must not repeat a key within an object (`distinct_keys`): `minProperties` over
-    #: free-form keys counts on it
+    #: no object may repeat a key (`distinct_keys`): `minProperties` on free keys counts on it
     distinct_keys: bool = False
     #: the keyword rewrites applied, in the order of the walk (`rewrite_log`)
     rewrites: tuple[Rewritten, ...] = ()
@@ -82,8 +81,7 @@ class SchemaPlan:
         """`schema` with each regex back in Python's dialect, for `jsonschema` to judge.
 
         The backend regexes use syntax Python's `re` cannot read (`\\x{...}`); a narrowed
-        `pattern` is judged by its source, so this checks the rewrites, not the narrowing.
-        """
+        `pattern` is judged by its source, so this checks the rewrites, not the narrowing."""
         return python_dialect(self.schema, dict(self.regex_sources))
 
 
@@ -99,10 +97,9 @@ def analyze_schema(
 
     `source`, when given, is `schema` as JSON text (a spec's source), read instead of
     serialising the schema again. `check_keys`: the output is JSON from its first byte, so the
-    matcher may check that no object repeats a key (`distinct_keys`). Raises ConstraintError when the schema is invalid, when
-    (strict mode) a keyword cannot be enforced exactly, or when the analysis uses up `budget`
-    steps.
-    """
+    matcher may check values at their boundaries (`distinct_keys`, `value_checks`). Raises
+    ConstraintError when the schema is invalid, when (strict mode) a keyword cannot be enforced
+    exactly, or when the analysis uses up `budget` steps."""
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
     check_document(schema)
@@ -200,12 +197,12 @@ class _Analyzer:
         self.negator.pointer, self.negator.made_fraction = pointer, False
         try:
             out = self.negator.negate(s, within, self._context_keys(context), context)
-            if self.negator.made_fraction:
-                self.record(pointer, keyword, log.FRACTION_CHECK)
-            return out
         except NotExpressible as e:
             self.refuse(pointer, keyword, f"'{keyword}' cannot be enforced exactly: {e.reason}")
             return None
+        if self.negator.made_fraction:
+            self.record(pointer, keyword, log.FRACTION_CHECK)
+        return out
 
     def _context_keys(self, context: dict | bool, depth: int = 0) -> frozenset[str] | None:
         """Property names objects satisfying `context` are limited to (through $ref/allOf)."""

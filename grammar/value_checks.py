@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from corral.grammar.distinct_keys import TokenIndex, decode_prefix, token_index
 from corral.grammar.matcher import Matcher
+from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
 from corral.grammar.value_sites import Sites
 
@@ -167,59 +167,35 @@ def _index(tok: TokenizerInfo) -> _Index:
     return _Index(keys.bytes, np.flatnonzero(digit), np.flatnonzero(digit & quote), keys)
 
 
-class ValueChecksMatcher(Matcher):
+class ValueChecksMatcher(ScanningMatcher):
     """A backend matcher whose numbers are never integers where fractions are due, and whose
-    arrays never repeat a string item where items must be distinct. Its mask is the inner
-    matcher's (``fill_mask``, or a native batch fill of ``native_cursor`` followed by the inner
-    ``refine_mask``) refined here."""
+    arrays never repeat a string item where items must be distinct (``scanning``)."""
 
-    __slots__ = ("_inner", "_sites", "_index", "_states", "_tokens", "_eos", "_view", "_kinds")
+    __slots__ = ("_sites", "_index", "_kinds")
 
     def __init__(self, inner: Matcher, sites: Sites, tok: TokenizerInfo, eos: frozenset[int]):
-        self._inner, self._sites, self._eos = inner, sites, eos
-        self._index = _index(tok)
-        self._states = [Scan()]
-        self._tokens: list[int] = []
-        self._view: tuple[torch.Tensor | None, np.ndarray | None] = (None, None)
+        index = _index(tok)
+        super().__init__(inner, eos, index.bytes, Scan())
+        self._sites, self._index = sites, index
         self._kinds = (any(sites.fraction), any(sites.unique))
 
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
-        self._inner.fill_mask(bitmask, row)
-        self._refine(bitmask, row)
-        return True
+    def _scan(self, state: Scan, data: bytes) -> Scan | None:
+        return scan(self._sites, state, data)
 
-    def native_cursor(self) -> Any | None:
-        return self._inner.native_cursor()
+    def _finished(self, state: Scan) -> bool:
+        """Whether the text may end here (a number at a site must be a fraction)."""
+        return not (
+            state.mode == _NUMBER and state.checked and not is_fraction(state.text.decode())
+        )
 
-    def refine_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        self._inner.refine_mask(bitmask, row)
-        self._refine(bitmask, row)
-
-    def _refine(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._view[0] is not bitmask:  # callers reuse one buffer: view it once
-            self._view = (bitmask, bitmask.numpy().view(np.uint32))
-        words = self._view[1][row]
-        state = self._states[-1]
+    def _candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
+        """The tokens that could finish a checked value from ``state`` (a superset): inside a
+        checked number, every token the backend allows; else a number needs a digit, and a
+        string item the quote that closes it (to repeat one it holds, exactly that item's rest
+        before it), or two quotes to open and close one."""
         if state.mode == _NUMBER and state.checked:
             allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
-            allowed = allowed[allowed < len(self._index.bytes)]
-        else:
-            ids = self._candidates(state)
-            allowed = ids[(words[ids >> 5] & (np.uint32(1) << (ids & 31).astype(np.uint32))) != 0]
-        for token in allowed.tolist():
-            if (
-                token not in self._eos
-                and scan(self._sites, state, self._index.bytes[token]) is None
-            ):
-                words[token >> 5] ^= np.uint32(1 << (token & 31))
-        if not self._finished(state):
-            for token in self._eos:
-                words[token >> 5] &= ~np.uint32(1 << (token & 31))
-
-    def _candidates(self, state: Scan) -> np.ndarray:
-        """The tokens that could finish a checked value from ``state`` (a superset): a number
-        needs a digit; a string item needs the quote that closes it (and to repeat one it
-        holds, exactly that item's rest before it), or two quotes to open and close one."""
+            return allowed[allowed < len(self._index.bytes)]
         fraction, unique = self._kinds
         index, keys = self._index, self._index.keys
         in_string = state.mode in (_KEY, _STRING)
@@ -241,52 +217,3 @@ class ValueChecksMatcher(Matcher):
         rests = [h[len(typed) :] for h in held if h.startswith(typed)]
         hits = [np.asarray(keys.closing.get(r, ()), dtype=np.int64) for r in rests]
         return np.concatenate([keys.key_extra.ids, *hits])
-
-    @staticmethod
-    def _finished(state: Scan) -> bool:
-        """Whether the text may end here (a number at a site must be a fraction)."""
-        return not (
-            state.mode == _NUMBER and state.checked and not is_fraction(state.text.decode())
-        )
-
-    def accept(self, token_id: int) -> bool:
-        state = self._states[-1]
-        if token_id in self._eos:
-            if not self._finished(state):
-                return False
-            after = state
-        else:
-            after = scan(self._sites, state, self._index.bytes[token_id])
-            if after is None:
-                return False
-        if not self._inner.accept(token_id):
-            return False
-        self._states.append(after)
-        self._tokens.append(token_id)
-        return True
-
-    def _undo(self, n: int) -> None:
-        self._inner.rollback(n)
-        del self._states[-n:]
-
-    def forced_continuation(self) -> bytes:
-        """The inner forced bytes, cut before one that a site would refuse."""
-        forced = self._inner.forced_continuation()
-        state = self._states[-1]
-        for i in range(len(forced)):
-            state = scan(self._sites, state, forced[i : i + 1])
-            if state is None:
-                return forced[:i]
-        return forced
-
-    def is_terminated(self) -> bool:
-        return self._inner.is_terminated()
-
-    def can_terminate(self) -> bool:
-        return self._inner.can_terminate() and self._finished(self._states[-1])
-
-    def error(self) -> str | None:
-        return self._inner.error()
-
-    def recover(self) -> bool:
-        return self._inner.recover()

@@ -147,6 +147,18 @@ def test_texts_are_judged_at_the_number_boundary(llama3_tokenizer):
     assert not _accepts(again, '{"a":3,"b":2}', tok) and _accepts(again, '{"a":3.5,"b":2}', tok)
 
 
+def _assert_refused_then_reported(schema, pointer: str, keyword: str, tok) -> None:
+    """Strict refuses the keyword with its pointer; lenient compiles without the check, says so
+    in ``unenforced`` and claims no check in its rewrites."""
+    with pytest.raises(ConstraintError) as info:
+        _compile(schema, tok)
+    assert (info.value.pointer, info.value.keyword) == (pointer, keyword)
+    lenient = _compile(schema, tok, strict=False)
+    assert [u.pointer for u in lenient.unenforced] == [pointer]
+    assert not isinstance(lenient.matcher(), ValueChecksMatcher)
+    assert not any(r.rewrite in (FRACTION_CHECK, UNIQUE_CHECK) for r in lenient.rewrites)
+
+
 def test_a_fraction_the_matcher_cannot_tell_apart_is_refused_or_reported(llama3_tokenizer):
     tok = llama3_tokenizer
     # which branch the number belongs to is decided by a sibling key the matcher does not follow
@@ -156,13 +168,7 @@ def test_a_fraction_the_matcher_cannot_tell_apart_is_refused_or_reported(llama3_
             {"properties": {"x": {"type": "integer"}, "t": {"const": "b"}}, "required": ["x", "t"]},
         ]
     }
-    with pytest.raises(ConstraintError) as info:
-        _compile(coupled, tok)
-    assert info.value.pointer == "/anyOf/0/properties/x/not" and info.value.keyword == "not"
-    lenient = _compile(coupled, tok, strict=False)
-    assert [u.pointer for u in lenient.unenforced] == ["/anyOf/0/properties/x/not"]
-    assert not isinstance(lenient.matcher(), ValueChecksMatcher)
-    assert not any(r.rewrite == FRACTION_CHECK for r in lenient.rewrites)
+    _assert_refused_then_reported(coupled, "/anyOf/0/properties/x/not", "not", tok)
     bounded = {"type": "number", "maximum": 5, **NOT_INT}  # "5" could not become a fraction
     with pytest.raises(ConstraintError):
         _compile(bounded, tok)
@@ -260,12 +266,7 @@ def test_a_unique_array_the_matcher_cannot_tell_apart_is_refused(llama3_tokenize
             {"type": "array", "items": {"type": "string"}, "minItems": 5},
         ]
     }
-    with pytest.raises(ConstraintError) as info:
-        _compile(either, tok)
-    assert info.value.pointer == "/anyOf/0/uniqueItems" and info.value.keyword == "uniqueItems"
-    lenient = _compile(either, tok, strict=False)
-    assert [u.pointer for u in lenient.unenforced] == ["/anyOf/0/uniqueItems"]
-    assert not isinstance(lenient.matcher(), ValueChecksMatcher)
+    _assert_refused_then_reported(either, "/anyOf/0/uniqueItems", "uniqueItems", tok)
     bounded = {"type": "array", "items": {"type": "string", "maxLength": 2}, "uniqueItems": True}
     with pytest.raises(ConstraintError):  # "ab" may be the only item left: refused up front
         _compile(bounded, tok)
