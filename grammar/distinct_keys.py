@@ -57,7 +57,7 @@ def scan(state: Scan, data: bytes) -> Scan | None:
                 escaped = True
             elif b == _QUOTE:
                 if mode == _KEY:
-                    key = _decode(raw)
+                    key = decode_string(raw)
                     if key in stack[-1]:
                         return None
                     stack = (*stack[:-1], stack[-1] | {key})
@@ -79,8 +79,8 @@ def scan(state: Scan, data: bytes) -> Scan | None:
     return Scan(stack, mode, escaped, raw, key_next)
 
 
-def _decode(raw: bytes) -> str:
-    """A key's value; the grammar only lets valid JSON string bodies through."""
+def decode_string(raw: bytes) -> str:
+    """A string's value from its body's bytes; the grammar only lets valid bodies through."""
     if b"\\" not in raw:  # no escape: the body is the value
         return raw.decode("utf-8", "surrogateescape")
     try:

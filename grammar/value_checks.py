@@ -25,13 +25,12 @@ index of tokens by the text before their quote), or open and close one.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-from corral.grammar.distinct_keys import TokenIndex, decode_prefix, token_index
+from corral.grammar.distinct_keys import TokenIndex, decode_prefix, decode_string, token_index
 from corral.grammar.matcher import Matcher
 from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
@@ -103,10 +102,10 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
                 escaped = True
             elif b == _QUOTE:
                 if mode == _KEY:
-                    site = sites.key(stack[-1][0], _decode(text))
+                    site = sites.key(stack[-1][0], decode_string(text))
                 elif checked:  # an item of an array whose items must not repeat
                     at, i, held = stack[-1]
-                    item = _decode(text)
+                    item = decode_string(text)
                     if item in held:  # type: ignore[operator]
                         return None
                     stack = (*stack[:-1], (at, i, held | {item}))  # type: ignore[operator]
@@ -142,14 +141,6 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
     if mode == _NUMBER and checked and not alive(text.decode()):
         return None
     return Scan(stack, mode, escaped, text, site, key_next, checked)
-
-
-def _decode(raw: bytes) -> str:
-    """A key's value; the grammar only lets valid JSON string bodies through."""
-    try:
-        return json.loads(b'"' + raw + b'"')
-    except ValueError:  # never a valid body: no declared name has these bytes
-        return raw.decode("utf-8", "surrogateescape")
 
 
 class _Index(NamedTuple):
