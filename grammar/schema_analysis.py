@@ -20,8 +20,6 @@ read-only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -31,6 +29,7 @@ from corral.grammar.errors import ConstraintError, Unenforced
 from corral.grammar.input_checks import check_document, nesting_error
 from corral.grammar.rewrite_log import Rewritten
 from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
+from corral.grammar.schema_deferred import Deferred
 from corral.grammar.schema_disjoint import DisjointProver
 from corral.grammar.schema_facts import (
     ALL_TYPES,
@@ -41,7 +40,8 @@ from corral.grammar.schema_facts import (
 from corral.grammar.schema_fold import fold_finite
 from corral.grammar.schema_formats import format_constraint
 from corral.grammar.schema_negate import Negator, NotExpressible
-from corral.grammar.schema_patterns import PatternTable, python_dialect
+from corral.grammar.schema_patterns import PatternTable
+from corral.grammar.schema_plan import SchemaPlan
 from corral.grammar.schema_refs import RefTable
 from corral.grammar.schema_rewrite import KeywordRewrites
 from corral.grammar.schema_size import MAX_ALTERNATIVES, worst_conjunct
@@ -53,36 +53,6 @@ _NUMBERS = frozenset("minimum maximum exclusiveMinimum exclusiveMaximum multiple
 _SCHEMA_MAPS = frozenset(("properties", "patternProperties"))
 _SCHEMA_LISTS = frozenset(("allOf", "anyOf", "prefixItems"))
 _SINGLE_SCHEMAS = frozenset(("additionalProperties", "items"))
-
-
-@dataclass(frozen=True)
-class SchemaPlan:
-    """The analysed schema handed to the backend, and what (in lenient mode) it leaves out."""
-
-    schema: dict | bool
-    unenforced: tuple[Unenforced, ...] = ()
-    #: (backend regex, the Python pattern it was translated from), for `judged_schema`
-    regex_sources: tuple[tuple[str, str], ...] = ()
-    #: no object may repeat a key (`distinct_keys`): `minProperties` on free keys counts on it
-    distinct_keys: bool = False
-    #: the keyword rewrites applied, in the order of the walk (`rewrite_log`)
-    rewrites: tuple[Rewritten, ...] = ()
-    #: id(analysed object node) -> (the node, its pointer in the input); see `pointer_of`
-    pointers: Mapping[int, tuple[dict, str]] = field(
-        default_factory=lambda: MappingProxyType({}), repr=False, compare=False
-    )
-
-    def pointer_of(self, node: Any) -> str | None:
-        """The input pointer of an object node of `schema` (None: a node the rewrites built)."""
-        found = self.pointers.get(id(node))
-        return found[1] if found is not None and found[0] is node else None
-
-    def judged_schema(self) -> dict | bool:
-        """`schema` with each regex back in Python's dialect, for `jsonschema` to judge.
-
-        The backend regexes use syntax Python's `re` cannot read (`\\x{...}`); a narrowed
-        `pattern` is judged by its source, so this checks the rewrites, not the narrowing."""
-        return python_dialect(self.schema, dict(self.regex_sources))
 
 
 def analyze_schema(
@@ -128,7 +98,8 @@ class _Analyzer:
         self.rewritten: list[Rewritten] = []
         self._pointers: dict[int, tuple[dict, str]] = {}
         self.patterns = PatternTable(self.refuse, self.record)
-        self.negator = Negator(self.lookup, self.tick, self.patterns.complement)
+        self.deferred = Deferred()  # `not`s a fold may settle, refused in run() if none does
+        self.negator = Negator(self.lookup, self.tick, self.patterns.complement, self.deferred)
         self.prover = DisjointProver(self.lookup, self.tick, self.patterns.exact_source)
         self.rewrites = KeywordRewrites(self)
         #: (node, pointer) of each `minProperties` that needs keys not to repeat
@@ -143,6 +114,7 @@ class _Analyzer:
                 else {"$defs": self.defs, "allOf": [out]}
             )
             self._pointers[id(out)] = (out, "")
+        self.deferred.settle(out, self.refuse)
         distinct = bool(self._counted) and self._distinct_keys(out)
         return SchemaPlan(
             out,
@@ -189,16 +161,19 @@ class _Analyzer:
         keyword: str,
         within: frozenset[str] = ALL_TYPES,
         context: dict | bool = True,
+        hold: bool = False,
     ) -> Any:
         """Exact negation of `s` among instances of `within` types that satisfy `context`.
-
-        Returns None after refusing `keyword` (lenient mode).
-        """
+        Returns None after refusing `keyword` (lenient mode); with `hold`, a negation that
+        cannot be written is returned as a conjunct for a fold to settle (`schema_deferred`)."""
         self.negator.pointer, self.negator.made_fraction = pointer, False
         try:
             out = self.negator.negate(s, within, self._context_keys(context), context)
         except NotExpressible as e:
-            self.refuse(pointer, keyword, f"'{keyword}' cannot be enforced exactly: {e.reason}")
+            reason = f"'{keyword}' cannot be enforced exactly: {e.reason}"
+            if hold:
+                return self.deferred.hold(s, pointer, keyword, reason)
+            self.refuse(pointer, keyword, reason)
             return None
         if self.negator.made_fraction:
             self.record(pointer, keyword, log.FRACTION_CHECK)

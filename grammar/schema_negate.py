@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.grammar.negate_context import NegationContext
+from corral.grammar.schema_deferred import Deferred
 from corral.grammar.schema_facts import ALL_TYPES, closed_keys, normalize_types, types_of
 from corral.grammar.value_sites import FRACTION
 
@@ -47,6 +48,7 @@ class Negator:
         lookup: Callable[[str], dict | bool | None],
         tick: Callable[[], None],
         complement: Callable[[str], str | None],
+        deferred: Deferred | None = None,
     ):
         self._lookup = lookup
         self._tick = tick
@@ -55,6 +57,7 @@ class Negator:
         self._complement = complement
         self._active_refs: set[str] = set()
         self._ctx = NegationContext(lookup)
+        self._deferred = deferred if deferred is not None else Deferred()
         #: the pointer of the keyword being negated, named by the fractions it needs
         self.pointer = ""
         #: whether a negation left a number that must not be an integer (``value_sites``)
@@ -80,6 +83,8 @@ class Negator:
             return False
         if s is False:
             return _of_types(within)
+        if (held := self._deferred.reason(s)) is not None:  # a `not` left for a fold
+            raise NotExpressible("not", held.split(": ", 1)[-1])
         parts = self._outside_types(s, within)
         inside = _inside_types(s, within)
         if inside:

@@ -73,11 +73,13 @@ class KeywordRewrites:
             self.a.record(where, key, log.NOT_NOT)
         elif key == "not":
             sub = self.a.node(value, where, scope)
-            neg = self.a.negate(sub, where, "not", _within(s), _closed_context(s))
-            if neg is not None:
+            neg = self.a.negate(sub, where, "not", _within(s), _closed_context(s), hold=True)
+            if isinstance(neg, dict) and self.a.deferred.reason(neg) is not None:
+                extra.append(neg)  # a fold may still settle it (`schema_deferred`)
+            elif neg is not None:
                 self.a.record(where, key, log.NOT_FOLDED)
-            if neg is not None and neg is not True:
-                extra.append(neg)
+                if neg is not True:
+                    extra.append(neg)
         elif key == "oneOf":
             self._one_of(value, s, where, scope, extra)
         elif key == "if":
