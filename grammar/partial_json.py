@@ -239,8 +239,6 @@ class PartialJson(CharStream):
         """The text that closes container `f` under branch `node`; `above`: the kind of the
         open frame inside it (already closed by then), None when `f` is innermost."""
         c, cut = self.closer, [f.pointer]
-        if isinstance(node, dict) and ("enum" in node or "const" in node):
-            return None  # a container out of a list of values: no frame-wise closing is exact
         if f.kind == "array":
             need = (node.get("minItems", 0) if isinstance(node, dict) else 0) - f.count
             if above is not None:  # the open item counts once closed

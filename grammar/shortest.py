@@ -110,6 +110,12 @@ class JsonCloser:
         node = self.resolve(node)
         if node is True:
             return [_ANY]
+        values = _listed(node)
+        if values is not None and any(isinstance(v, dict | list) for v in values):
+            # objects and arrays in `enum`/`const`: one branch per value, spelt out as a schema
+            rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
+            out = [merge(rest, _spelt(v)) for v in values]
+            return [b for b in out if b is not False][:MAX_BRANCHES] or [False]
         if not isinstance(node, dict) or not node.keys() & _APPLICATORS:
             return [node]
         out: list[Schema] = [{k: v for k, v in node.items() if k not in _APPLICATORS}]
@@ -226,6 +232,34 @@ class JsonCloser:
 
     def dumps(self, value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(self.comma, self.colon))
+
+
+def _listed(node: Schema) -> list | None:
+    if not isinstance(node, dict):
+        return None
+    return [node["const"]] if "const" in node else node.get("enum")
+
+
+def _spelt(value: Any) -> Schema:
+    """The schema of exactly `value`, with an object's keys in its own order (the order the
+    backend writes them)."""
+    if isinstance(value, dict):
+        return {
+            "type": "object",
+            "properties": {k: _spelt(v) for k, v in value.items()},
+            "required": list(value),
+            "additionalProperties": False,
+        }
+    if isinstance(value, list):
+        n = len(value)
+        return {
+            "type": "array",
+            "prefixItems": [_spelt(v) for v in value],
+            "items": False,
+            "minItems": n,
+            "maxItems": n,
+        }
+    return {"const": value}
 
 
 def complete_string(node: dict, text: str) -> str | None:

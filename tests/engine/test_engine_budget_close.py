@@ -101,3 +101,30 @@ def test_a_schema_without_a_closable_instance_is_reported(setup):
     assert choice.finish_reason == "length"
     report = choice.budget_close
     assert not report.steered and not report.complete and "no shortest" in report.reason
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"const": {"a": 0, "b": [1, "x"]}},
+        {"enum": [{"k": 1}, {"k": 2, "v": [True]}, 7]},
+        {
+            "type": "object",
+            "properties": {"p": {"enum": [[1, 2], [3]]}},
+            "required": ["p"],
+            "additionalProperties": False,
+        },
+    ],
+)
+def test_listed_objects_and_arrays_end_as_stop_with_room_to_spare(setup, schema):
+    """An output taken from a list of values, well within `max_tokens`, is not budget-shaped:
+    the closer follows each listed object or array (a regression: it had no closing for them,
+    so steering took over at once and the output ended as "length")."""
+    model, tok, engine, prompt = setup
+    spec = ConstraintSpec.json_schema(schema)
+    closer = JsonCloser.for_spec(spec)
+    params = SamplingParams(max_tokens=60, temperature=0.0, budget_close=closer)
+    (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
+    jsonschema.validate(json.loads(choice.text), schema)
+    assert choice.finish_reason == "stop", (choice.text, choice.budget_close)
+    assert choice.budget_close is None or not choice.budget_close.steered
