@@ -40,6 +40,8 @@ UNEVALUATED = {
     "unevaluatedItems": "unevaluatedItems->items",
 }
 ITEMS_TUPLE = "items array->prefixItems"
+REF_ALONE = "keywords beside $ref ignored (drafts 3 to 7)"
+BOOLEAN_BOUND = "boolean exclusive bound->exclusive bound (drafts 3 and 4)"
 FORMAT_PATTERN = "format->pattern"
 PATTERN_LOOKAROUND = "pattern lookaround rewritten"
 PATTERN_NARROWED = "pattern shorthand classes narrowed to ASCII"

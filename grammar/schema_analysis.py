@@ -30,6 +30,7 @@ from corral.grammar.input_checks import check_document, nesting_error
 from corral.grammar.rewrite_log import Rewritten
 from corral.grammar.schema_checks import check_count, check_list, check_number, check_type
 from corral.grammar.schema_deferred import Deferred
+from corral.grammar.schema_dialect import as_latest, dialect_of
 from corral.grammar.schema_disjoint import DisjointProver
 from corral.grammar.schema_facts import (
     ALL_TYPES,
@@ -89,6 +90,7 @@ class _Analyzer:
         self.budget = budget
         self.unenforced: list[Unenforced] = []
         self.refs = RefTable(root, source)
+        self.dialect = dialect_of(root)
         self.defs: dict[str, Any] = {}
         self._def_names: dict[int, str] = {}
         self._pointer = ""
@@ -201,6 +203,7 @@ class _Analyzer:
             return s
         if not isinstance(s, dict):
             raise ConstraintError("a subschema must be an object or a boolean", pointer, "")
+        s = as_latest(s, self.dialect, pointer, self.record, ANNOTATIONS)
         if isinstance(s.get("$id", s.get("id")), str):
             scope = self.refs.enter(s, scope)
         out: dict = {}

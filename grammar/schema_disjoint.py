@@ -154,6 +154,8 @@ class DisjointProver:
 
     def _objects_disjoint(self, a: dict, b: dict, depth: int) -> bool:
         req_a, req_b = set(a.get("required", ())), set(b.get("required", ()))
+        if _counts_apart(a, req_a, b) or _counts_apart(b, req_b, a):
+            return True
         for key in req_a | req_b:
             pa, pb = _property_schema(a, key), _property_schema(b, key)
             if key in req_a and pb is False or key in req_b and pa is False:
@@ -172,6 +174,23 @@ class DisjointProver:
             if self.disjoint(pre_a[i], pre_b[i], depth + 1):
                 return True
         return False
+
+
+def _counts_apart(a: dict, required: set, b: dict) -> bool:
+    """Every object of `a` has more properties than any of `b` may: `a` requires distinct
+    names, or a `minProperties`, past `b`'s `maxProperties` or the names a closed `b` lists."""
+    fewest = max(len(required), _count(a.get("minProperties")) or 0)
+    most = [_count(b.get("maxProperties"))]
+    if b.get("additionalProperties") is False and not b.get("patternProperties"):
+        most.append(sum(sub is not False for sub in b.get("properties", {}).values()))
+    return any(m is not None and fewest > m for m in most)
+
+
+def _count(bound: object) -> int | None:
+    """A property-count bound as an int (JSON Schema allows 2.0), else None."""
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound != int(bound):
+        return None
+    return int(bound)
 
 
 def _property_schema(s: dict, key: str) -> dict | bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 
 from corral.grammar import Matcher, TokenizerInfo
 
@@ -204,9 +204,11 @@ def assert_walks_valid_without_repeats(
     matcher: Callable[[], Matcher], schema: dict, tok: TokenizerInfo, walks: int, max_tokens: int
 ) -> None:
     """``walks`` steered walks (seed 16) of fresh matchers: every finished one is an instance of
-    ``schema`` (jsonschema, with formats) that repeats no key, and at least 4 finish."""
+    ``schema`` (jsonschema in the dialect ``$schema`` names, with formats) that repeats no key,
+    and at least 4 finish."""
     table = TokenTable.cached(tok)
-    judge = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    dialect = validators.validator_for(schema, default=Draft202012Validator)
+    judge = dialect(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     rng = random.Random(16)
     done = 0
     for _ in range(walks):

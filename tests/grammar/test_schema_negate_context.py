@@ -59,3 +59,13 @@ def test_without_a_context_that_rules_it_out_contains_is_still_refused():
     with pytest.raises(ConstraintError) as info:
         analyze_schema(schema)
     assert "contains" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["max-properties", "closed"])
+def test_branches_apart_by_property_counts_compile_and_walk_validly(name, llama3_tokenizer):
+    """No negation needed (``schema_disjoint`` counts properties): compiled as it is."""
+    from test_schema_analysis import COUNTED
+
+    schema = COUNTED[name]
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    assert_walks_valid_without_repeats(compiled.matcher, schema, llama3_tokenizer, 40, 80)
