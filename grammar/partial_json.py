@@ -267,6 +267,8 @@ class PartialJson(CharStream):
             head = (c.colon if f.state == "colon" else "") + value
             cut.append(f.pointer + "/" + pointer_escape(f.key))
         members = c.required_members(node, f.keys)
+        if members and f.keys and not _in_order(node, f.keys[-1], members):
+            return None  # declared properties come in declared order: these cannot follow
         if members is not None and f.state == "key" and not members:
             members = _cheapest_member(c, node, f.keys)  # after a comma a property must follow
         if members is None:

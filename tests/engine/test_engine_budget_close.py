@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from budget_schemas import SCHEMAS
 from engine_helpers import chat, make_engine
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from corral.engine import SamplingParams
@@ -19,6 +19,17 @@ from corral.grammar.shortest import JsonCloser
 from corral.grammar.spec import JsonFormat
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
+#: found by hypothesis: after `{"a": true,` the branch needing `b_c` is closed, since `b_c` is
+#: declared before `a` and the grammar writes declared properties in order
+OUT_OF_ORDER = {
+    "type": "object",
+    "properties": {
+        "b_c": {"type": "boolean"},
+        "a": {"type": "boolean"},
+        "id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+    },
+    "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +47,7 @@ def shortest_tokens(model, closer: JsonCloser) -> int:
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(schema=SCHEMAS, fmt=FORMATS, extra=st.integers(0, 24), seed=st.integers(0, 2**16))
+@example(schema=OUT_OF_ORDER, fmt=JsonFormat.python_default(), extra=3, seed=0)
 def test_output_valid_whenever_the_budget_allows(setup, schema, fmt, extra, seed):
     model, tok, engine, prompt = setup
     spec = ConstraintSpec.json_schema(schema, json_format=fmt)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from budget_schemas import AREA, SCHEMAS, TAGGED
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator
 
-from corral.grammar import ConstraintError, ConstraintSpec
+from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar.shortest import JsonCloser
+from corral.grammar.walk import accepts as walk_accepts
 
 NUM_SCHEMAS = 60
 
@@ -183,3 +185,32 @@ def test_a_closing_never_follows_a_branch_the_text_has_ruled_out(schema, text):
         found = partial.closing()
         if found is not None:
             assert judge.is_valid(json.loads(text[: i + 1] + found[0])), text[: i + 1] + found[0]
+
+
+#: `b_c` is declared before `a`: once `a` is written, only the branch needing `id` can close
+OUT_OF_ORDER = {
+    "type": "object",
+    "properties": {
+        "b_c": {"type": "boolean"},
+        "a": {"type": "boolean"},
+        "id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+    },
+    "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
+}
+
+
+def test_a_closing_keeps_the_declared_order_the_grammar_writes(llama3_tokenizer):
+    """Found by hypothesis (the budget test with the real model): after `{"a":true,` the closer
+    proposed `"b_c":true}`, which the grammar refuses, so the output was cut."""
+    spec = ConstraintSpec.json_schema(OUT_OF_ORDER)
+    compiled = compile_constraint(spec, llama3_tokenizer)
+    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+    partial, text, closed = JsonCloser.for_spec(spec).start(), '{"a":true,', 0
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        if found is not None:
+            full = text[: i + 1] + found[0]
+            assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(full), bitmask), full
+            closed += 1
+    assert closed >= 3  # after `{"a":`, `{"a":true` and `{"a":true,`
