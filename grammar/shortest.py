@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import TYPE_CHECKING, Any
 
 from corral.grammar.schema_merge import merge
@@ -250,7 +251,7 @@ def _spelt(value: Any) -> Schema:
 
 
 def _smallest_number(node: dict, integer: bool) -> int | float | None:
-    """The number of smallest magnitude within `node`'s bounds (and multipleOf), or None."""
+    """The number with the shortest text within `node`'s bounds (and multipleOf), or None."""
     lo, hi = node.get("minimum", -math.inf), node.get("maximum", math.inf)
     xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
     step = node.get("multipleOf", 1 if integer else None)
@@ -263,14 +264,34 @@ def _smallest_number(node: dict, integer: bool) -> int | float | None:
                 k = math.ceil(bound / step) if up else math.floor(bound / step)
                 candidates += [k * step, (k + (1 if up else -1)) * step]
             else:
-                candidates.append(bound)
-    for value in sorted(candidates, key=abs):
+                candidates += [bound, *_decimals_inside(bound, up)]
+    # the shortest text first (plain decimals before exponents), then the smallest magnitude
+    for value in sorted(candidates, key=lambda v: (_spelling_cost(v), abs(v))):
         if integer and value != int(value):
             continue
         value = int(value) if integer or value == int(value) else value
         if number_ok(node, value):
             return value
     return None
+
+
+def _spelling_cost(value: float) -> tuple[bool, int]:
+    """How long a number's text is (an exponent last): integral values are written as ints."""
+    text = repr(int(value)) if math.isfinite(value) and value == int(value) else repr(value)
+    return "e" in text, len(text)
+
+
+def _decimals_inside(bound: float, up: bool) -> list[float]:
+    """The decimals of 0 to 15 places nearest to `bound` on its inner side (above a lower bound,
+    below an upper one): an exclusive bound, or a range with no integer in it, still has a
+    short number (`exclusiveMinimum: 0, exclusiveMaximum: 1` -> 0.1)."""
+    exact = Decimal(repr(float(bound)))
+    out = []
+    for places in range(16):
+        unit = Decimal(1).scaleb(-places)
+        near = (exact / unit).to_integral_value(ROUND_FLOOR if up else ROUND_CEILING) * unit
+        out.append(float(near + unit if up else near - unit))
+    return out
 
 
 def number_ok(node: Schema, value: Any) -> bool:

@@ -63,6 +63,14 @@ def leaf() -> st.SearchStrategy[dict]:
         st.just({"enum": ["red", "green", "blue"]}),
         st.just({"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}),
         st.just({"type": "number", "minimum": 1.5}),
+        st.builds(  # open ranges, some without an integer (the shortest is a decimal)
+            lambda lo: {
+                "type": "number",
+                "exclusiveMinimum": lo / 4,
+                "exclusiveMaximum": lo / 4 + 0.5,
+            },
+            st.integers(-8, 8),
+        ),
     )
 
 

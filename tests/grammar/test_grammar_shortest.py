@@ -214,3 +214,27 @@ def test_a_closing_keeps_the_declared_order_the_grammar_writes(llama3_tokenizer)
             assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(full), bitmask), full
             closed += 1
     assert closed >= 3  # after `{"a":`, `{"a":true` and `{"a":true,`
+
+
+@pytest.mark.parametrize(
+    ("node", "shortest"),
+    [
+        # no integer in the range: a short decimal inside it (found through a real server,
+        # where such an output ran to `max_tokens` unclosed: "no shortest valid instance")
+        ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, "0.1"),
+        ({"type": "number", "exclusiveMinimum": -1, "exclusiveMaximum": -0.5}, "-0.6"),
+        ({"type": "number", "exclusiveMinimum": 0.3, "exclusiveMaximum": 0.30001}, "0.300001"),
+        ({"type": "number", "minimum": 2.25, "maximum": 2.75}, "2.3"),
+        ({"type": "number", "exclusiveMaximum": -3}, "-4"),
+        ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, None),
+    ],
+)
+def test_the_shortest_number_lies_inside_its_bounds(node, shortest, llama3_tokenizer):
+    closer = JsonCloser({"type": "object", "properties": {"n": node}, "required": ["n"]})
+    text = closer.shortest(closer.root)
+    assert text == (None if shortest is None else '{"n":' + shortest + "}")
+    if text is not None:
+        assert Draft202012Validator(closer.root).is_valid(json.loads(text))
+        compiled = compile_constraint(ConstraintSpec.json_schema(closer.root), llama3_tokenizer)
+        bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+        assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(text), bitmask)
