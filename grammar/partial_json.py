@@ -25,6 +25,8 @@ from corral.grammar.partial_values import (
     Frame,
     admits_type,
     finish_leaf,
+    finish_string,
+    fresh_suffix,
     holds,
     lone_char,
     pointer_escape,
@@ -34,6 +36,7 @@ from corral.grammar.shortest import (
     JsonCloser,
     Schema,
 )
+from corral.grammar.value_sites import UNIQUE
 
 _Closing = tuple[str, list[str]]  # a closing text and the pointers it cuts short
 _TYPE_OF_FIRST = {"{": "object", "[": "array", '"': "string", "t": "boolean", "f": "boolean"}
@@ -182,6 +185,8 @@ class PartialJson(CharStream):
         parent.state = "comma_or_end"
         if parent.kind == "array":
             parent.count += 1
+            if done.kind == "string":
+                parent.held += (done.text,)
 
     # ---- closing -----------------------------------------------------------------------------
 
@@ -222,23 +227,34 @@ class PartialJson(CharStream):
             value = c.shortest(c.root)
             return [None if value is None else (value, [""])]
         if f.kind in ("string", "scalar"):
-            ends = (finish_leaf(f, b, c) for b in f.schemas)
+            held = self._held(depth)
+            ends = (finish_leaf(f, b, c, held) for b in f.schemas)
             return [None if e is None else (e, [f.pointer]) for e in ends]
-        above = self.stack[depth + 1].kind if depth + 1 < len(self.stack) else None
+        inner = self.stack[depth + 1] if depth + 1 < len(self.stack) else None
+        above = None if inner is None else inner.kind
         key = (f.kind, f.state, f.keys, f.count, f.key, above, f.pointer, *map(id, f.schemas))
-        if above == "key" or key not in self._closed:
-            options = [self._close_container(f, b, above) for b in f.schemas]
+        if above in ("key", "string") or key not in self._closed:
+            options = [self._close_container(f, b, inner) for b in f.schemas]
             if above == "key":
                 return options
             self._closed[key] = options
         return self._closed[key]
 
+    def _held(self, depth: int) -> tuple[str, ...]:
+        """The string items that the value at `depth` must not repeat: those its array holds,
+        where the array's items must not repeat (``value_checks``), else none."""
+        parent = self.stack[depth - 1] if depth > 0 else None
+        if parent is None or parent.kind != "array" or not _unique(parent.schemas):
+            return ()
+        return parent.held
+
     def _close_container(
-        self, f: Frame, node: Schema, above: str | None
+        self, f: Frame, node: Schema, inner: Frame | None
     ) -> tuple[str, list[str]] | None:
-        """The text that closes container `f` under branch `node`; `above`: the kind of the
-        open frame inside it (already closed by then), None when `f` is innermost."""
+        """The text that closes container `f` under branch `node`; `inner`: the open frame
+        inside it (already closed by then), None when `f` is innermost."""
         c, cut = self.closer, [f.pointer]
+        above = None if inner is None else inner.kind
         if f.kind == "array":
             need = (node.get("minItems", 0) if isinstance(node, dict) else 0) - f.count
             if above is not None:  # the open item counts once closed
@@ -249,10 +265,16 @@ class PartialJson(CharStream):
                 return None
             items = []
             start = f.count + (above is not None)
+            taken = self._taken(f, node, inner)
             for i in range(start, start + max(need, 0)):
                 value = c.shortest(c.child(node, i))
                 if value is None:
                     return None
+                if taken is not None:  # items that must not repeat: open strings
+                    text = json.loads(value)
+                    text += fresh_suffix(text, taken) if text in taken else ""
+                    taken.add(text)
+                    value = c.dumps(text)
                 items.append(value)
                 cut.append(f"{f.pointer}/{i}")
             after = f.state in ("comma_or_end", "inside")
@@ -305,6 +327,23 @@ class PartialJson(CharStream):
                 names_cut = [name] + [k for k, _ in rest]
                 best = (text, cut + [f.pointer + "/" + pointer_escape(n) for n in names_cut])
         return best
+
+    def _taken(self, f: Frame, node: Schema, inner: Frame | None) -> set[str] | None:
+        """For an array under `node` whose items must not repeat: the strings it holds once
+        `inner` (an open item) is finished as its closing finishes it; None otherwise."""
+        if not _unique([node]):
+            return None
+        taken = set(f.held)
+        if inner is not None and inner.kind == "string":
+            item = self.closer.child(node, f.count)
+            finished = finish_string(inner, item, f.held)
+            if finished is not None:
+                taken.add(finished[1])
+        return taken
+
+
+def _unique(schemas: list[Schema]) -> bool:
+    return any(isinstance(b, dict) and UNIQUE in b for b in schemas)
 
 
 def _next_names(node: dict, present: tuple[str, ...]) -> tuple[list[str], bool]:

@@ -44,10 +44,19 @@ class Frame:
     keys: tuple[str, ...] = ()
     count: int = 0
     key: str = ""
+    #: an array's string items so far (decoded), which items that must not repeat avoid
+    held: tuple[str, ...] = ()
 
 
-def finish_leaf(f: Frame, node: Schema, closer: JsonCloser) -> str | None:
-    """The rest of an open string (closing quote included) or scalar, valid under `node`."""
+def finish_leaf(
+    f: Frame, node: Schema, closer: JsonCloser, held: tuple[str, ...] = ()
+) -> str | None:
+    """The rest of an open string (closing quote included) or scalar, valid under `node`; a
+    string is not finished as one of `held` (an item its array already holds, where items
+    must not repeat: such items are open strings, so appending keeps them valid)."""
+    if f.kind == "string":
+        finished = finish_string(f, node, held)
+        return None if finished is None else finished[0]
     if f.kind == "scalar":
         for lit in LITERALS:
             if lit.startswith(f.text):
@@ -65,6 +74,12 @@ def finish_leaf(f: Frame, node: Schema, closer: JsonCloser) -> str | None:
             if number_ok(node, value):
                 return rest
         return None
+    return None
+
+
+def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """The rest of open string `f` (closing quote included) under `node`, and the string it
+    makes (not one of `held`); None when there is none."""
     head, text = "", f.text
     if f.escape:
         head = finish_escape(f.escape)
@@ -72,14 +87,27 @@ def finish_leaf(f: Frame, node: Schema, closer: JsonCloser) -> str | None:
             return None
         text += json.loads('"' + f.escape + head + '"')
     if not isinstance(node, dict):
-        return None if node is False else head + '"'
+        return None if node is False else (head + '"', text)
     if "const" in node or "enum" in node:
         values = [node["const"]] if "const" in node else node["enum"]
         fits = [v[len(text) :] for v in values if isinstance(v, str) and v.startswith(text)]
         rest = min(fits, key=len, default=None)
     else:
         rest = complete_string(node, text)
-    return None if rest is None else head + json.dumps(rest, ensure_ascii=False)[1:]
+        if rest is not None and text + rest in held:
+            rest += fresh_suffix(text + rest, held)
+    if rest is None:
+        return None
+    return head + json.dumps(rest, ensure_ascii=False)[1:], text + rest
+
+
+def fresh_suffix(text: str, taken: tuple[str, ...] | set[str]) -> str:
+    """The shortest run of digits that makes `text` + it a string not in `taken`."""
+    for n in range(1, len(taken) + 2):
+        for k in range(10 ** (n - 1) if n > 1 else 0, 10**n):
+            if text + str(k) not in taken:
+                return str(k)
+    raise AssertionError("unreachable: fewer strings are taken than tried")
 
 
 def holds(f: Frame, node: Schema) -> bool:

@@ -63,6 +63,15 @@ def leaf() -> st.SearchStrategy[dict]:
         st.just({"enum": ["red", "green", "blue"]}),
         st.just({"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}),
         st.just({"type": "number", "minimum": 1.5}),
+        st.builds(  # checked at value boundaries: filled items must differ
+            lambda n: {
+                "type": "array",
+                "items": {"type": "string"},
+                "uniqueItems": True,
+                "minItems": n,
+            },
+            st.integers(0, 3),
+        ),
         st.builds(  # open ranges, some without an integer (the shortest is a decimal)
             lambda lo: {
                 "type": "number",

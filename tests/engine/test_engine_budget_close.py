@@ -30,6 +30,14 @@ OUT_OF_ORDER = {
     },
     "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
 }
+#: filled items must differ from those written (and the item being written)
+UNIQUE_TAGS = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 4}
+    },
+    "required": ["tags"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +56,7 @@ def shortest_tokens(model, closer: JsonCloser) -> int:
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(schema=SCHEMAS, fmt=FORMATS, extra=st.integers(0, 24), seed=st.integers(0, 2**16))
 @example(schema=OUT_OF_ORDER, fmt=JsonFormat.python_default(), extra=3, seed=0)
+@example(schema=UNIQUE_TAGS, fmt=JsonFormat(), extra=2, seed=1)
 def test_output_valid_whenever_the_budget_allows(setup, schema, fmt, extra, seed):
     model, tok, engine, prompt = setup
     spec = ConstraintSpec.json_schema(schema, json_format=fmt)

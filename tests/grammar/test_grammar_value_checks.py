@@ -276,3 +276,28 @@ def test_budget_closing_writes_distinct_items():
     closer = JsonCloser.for_spec(ConstraintSpec.json_schema(UNIQUE_TAGS))
     shortest = closer.shortest(closer.root)
     assert Draft202012Validator(UNIQUE_TAGS).is_valid(json.loads(shortest)), shortest
+
+
+@pytest.mark.parametrize(
+    "text", ['{"tags":["a","b","a b","ab"]}', '{"tags":["","0","\\n","\\"a"]}', '{"tags":["x"]}']
+)
+def test_closings_of_unique_arrays_are_distinct_and_accepted(text, llama3_tokenizer):
+    """Closed at every prefix, the output's items stay distinct: the item being written, and
+    the items filled in, differ from those the array holds (before, filling wrote `""` twice
+    and the matcher refused it, so a real server cut such an output at `max_tokens`)."""
+    schema = {"type": "object", "properties": {"tags": UNIQUE_TAGS["properties"]["tags"]}}
+    schema["properties"]["tags"] = {**schema["properties"]["tags"], "items": {"type": "string"}}
+    c = _compile(schema, llama3_tokenizer)
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    partial, closed = closer.start(), 0
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        if found is None:
+            continue
+        full = text[: i + 1] + found[0]
+        value = json.loads(full)
+        assert Draft202012Validator(schema).is_valid(value), full
+        assert _accepts(c, full, llama3_tokenizer), full
+        closed += 1
+    assert closed >= len(text) // 2
