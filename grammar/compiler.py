@@ -62,7 +62,8 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
         )
         schema, distinct_keys, rewrites = plan.schema, plan.distinct_keys, plan.rewrites
         if spec.reasoning is None:
-            schema, distinct_keys, freed = backend_layout(schema, distinct_keys)
+            sources = dict(plan.regex_sources)
+            schema, distinct_keys, freed = backend_layout(schema, distinct_keys, sources)
             rewrites += _any_order(plan, freed)
         json_alone = spec.reasoning is None
         lost = checked_marks(schema, spec.strict, json_alone)

@@ -20,12 +20,14 @@ Cost: a mask is the backend's plus a test of the few tokens that could complete 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from corral.grammar.matcher import Matcher
+from corral.grammar.regex_algebra import never_runs_out
 from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
 
@@ -198,13 +200,15 @@ def decode_prefix(raw: bytes) -> str | None:
         return None
 
 
-def dead_end_risk(schema: Any) -> str | None:
+def dead_end_risk(schema: Any, sources: Mapping[str, str] | None = None) -> str | None:
     """Why refusing repeated keys could leave an object with no valid continuation, or None.
 
     Safe: every object either has only declared keys (the backend never repeats those) or free
-    keys whose language is closed under appending characters, so a key begun can always be
-    finished as one the object does not hold: ``additionalProperties`` other than false, or
-    ``patternProperties`` searched without an end anchor or look-around."""
+    keys a begun key of which can always be finished as one the object does not hold:
+    ``additionalProperties`` other than false, ``patternProperties`` searched without an end
+    anchor or look-around, or a pattern whose automaton never runs out of continuations
+    (``regex_algebra.never_runs_out``, on the Python source ``sources`` gives the backend
+    regex: ``^[a-z_]+$``, but not ``^[a-f]$``)."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -217,7 +221,10 @@ def dead_end_risk(schema: Any) -> str | None:
             return "'propertyNames' may bound the free-form keys"
         if node.get("additionalProperties") is False:
             for pattern in node.get("patternProperties", {}):
-                if not _extendable(pattern):
+                source = (sources or {}).get(pattern)
+                if not _extendable(pattern) and (
+                    source is None or never_runs_out(source) is not True
+                ):
                     return f"the keys of pattern {pattern!r} may not extend to a new key"
         stack.extend(node.values())
     return None

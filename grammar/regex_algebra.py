@@ -63,6 +63,37 @@ def matches(pattern: str, text: str) -> bool | None:
 
 
 @lru_cache(maxsize=256)
+def never_runs_out(pattern: str) -> bool | None:
+    """Whether every prefix of a string the backend's form of `pattern` matches extends to
+    infinitely many such strings (None: not decided): a key begun under the pattern can then
+    always be finished as one not yet written, however many are. True for `^[a-z]+$` or
+    `^x_\\d+$`, False for `^[a-f]$` or `^(?:OUT1|OUT2)$`. The backend's `$` is the end of
+    the text (Python's also matches before a final newline, which the backend never writes)."""
+    try:
+        dfa = Languages((pattern,), end_newline=False).fsms[0]
+    except Outside:
+        return None
+    live = {q for q in dfa.states if dfa.islive(q)}
+    edges = {q: {t for t in dfa.map.get(q, {}).values() if t in live} for q in live}
+    reach = {q: _reachable(q, edges) for q in live}  # states reachable in one or more steps
+    cyclic = {q for q in live if q in reach[q]}
+    if dfa.initial not in live:
+        return True  # no string matches: no key is ever begun
+    return all(q in cyclic or reach[q] & cyclic for q in {dfa.initial} | reach[dfa.initial])
+
+
+def _reachable(start: object, edges: dict) -> set:
+    seen: set = set()
+    stack = list(edges[start])
+    while stack:
+        q = stack.pop()
+        if q not in seen:
+            seen.add(q)
+            stack.extend(edges[q])
+    return seen
+
+
+@lru_cache(maxsize=256)
 def _languages(pattern: str) -> Languages | None:
     """One pattern's automaton, or None (kept too: a refused pattern is not rebuilt per use)."""
     try:

@@ -142,7 +142,10 @@ def _class_sets(node: tuple, out: set) -> None:
 class Languages:
     """The search languages of some patterns as DFAs over one shared alphabet."""
 
-    def __init__(self, patterns: tuple[str, ...]) -> None:
+    def __init__(self, patterns: tuple[str, ...], end_newline: bool = True) -> None:
+        """`end_newline`: `$` also matches before a final newline, as in Python; False reads it
+        as the backend's regexes do (`\\Z`)."""
+        self._end_newline = end_newline
         parsed = [_branches(p) for p in patterns]
         sets = {tuple(_ALL), tuple(_NEWLINE)}
         for branches in parsed:
@@ -194,7 +197,7 @@ class Languages:
             nfa.finals.add(tail)
             if end == "":
                 nfa.edges[tail].append((every, tail))
-            elif end == "$":  # Python's `$` also matches before a final newline
+            elif end == "$" and self._end_newline:  # Python's `$` also before a final newline
                 after = nfa.new()
                 nfa.edges[tail].append((self.symbols_of[tuple(_NEWLINE)], after))
                 nfa.finals.add(after)

@@ -250,7 +250,8 @@ class _Analyzer:
     def _distinct_keys(self, schema: dict | bool) -> bool:
         """Whether the matcher may refuse repeated keys in `schema` without a dead end; if not,
         every `minProperties` that needed it is refused (lenient: dropped)."""
-        risk = dead_end_risk(schema) if self.check_keys else "the output is not JSON alone"
+        sources = self.patterns.python_source
+        risk = dead_end_risk(schema, sources) if self.check_keys else "the output is not JSON alone"
         if risk is None:
             for _, pointer in self._counted:
                 self.record(f"{pointer}/minProperties", "minProperties", log.DISTINCT_KEYS)

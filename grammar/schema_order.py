@@ -28,6 +28,7 @@ whole output (``dead_end_risk``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from corral.grammar.distinct_keys import dead_end_risk
@@ -40,14 +41,17 @@ from corral.grammar.schema_merges import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMAS, mer
 MAX_FREED = 64
 
 
-def backend_layout(schema: Any, distinct_keys: bool) -> tuple[Any, bool, list[dict]]:
+def backend_layout(
+    schema: Any, distinct_keys: bool, sources: Mapping[str, str] | None = None
+) -> tuple[Any, bool, list[dict]]:
     """The analysed ``schema`` as handed to the backend, whether its matcher must refuse
     repeated keys: ``distinct_keys`` (the analysis needs it), or because optional properties
     were freed here (only where that check leaves no dead end), and the object nodes of
-    ``schema`` whose optional properties were freed."""
+    ``schema`` whose optional properties were freed. ``sources``: the Python source of each
+    backend regex (``dead_end_risk`` reads key patterns' automata)."""
     changed: list[tuple[dict, str]] = []
     freed = free_order(schema, changed)
-    if freed is None or (not distinct_keys and dead_end_risk(schema) is not None):
+    if freed is None or (not distinct_keys and dead_end_risk(schema, sources) is not None):
         return schema, distinct_keys, []
     return freed, True, list({id(node): node for node, _ in changed}.values())
 

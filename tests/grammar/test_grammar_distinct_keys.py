@@ -86,6 +86,13 @@ def test_optional_properties_come_in_any_order(llama3_tokenizer):
             "additionalProperties": False,
             "minProperties": 3,
         },
+        # anchored, but every key begun can still grow (``regex_algebra.never_runs_out``)
+        {
+            "type": "object",
+            "patternProperties": {"^[a-b_]+$": {"type": "integer"}, "^x\\d+$": {}},
+            "additionalProperties": False,
+            "minProperties": 4,
+        },
         {
             "type": "object",
             "properties": {"n": {"type": "integer"}},
@@ -107,10 +114,11 @@ def test_walks_are_valid_and_never_repeat_a_key(schema, llama3_tokenizer):
     assert_walks_valid_without_repeats(c.matcher, schema, llama3_tokenizer, 12, 400)
 
 
-def test_a_key_set_that_may_run_out_is_still_refused():
+@pytest.mark.parametrize("pattern", ["^[a-d]$", "^(?:OUT1|OUT2|IO1)$", "^[a-z]{1,3}$"])
+def test_a_key_set_that_may_run_out_is_still_refused(pattern):
     schema = {
         "type": "object",
-        "patternProperties": {"^[a-d]$": {}},
+        "patternProperties": {pattern: {}},
         "additionalProperties": False,
         "minProperties": 2,
     }

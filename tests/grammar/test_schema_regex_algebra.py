@@ -8,6 +8,7 @@ every finished walk judged by `jsonschema`.
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 
@@ -15,7 +16,7 @@ import pytest
 from test_grammar_walks import _walk_schema
 
 from corral.grammar import ConstraintError, JsonFormat
-from corral.grammar.regex_algebra import complement, disjoint, matches, regular
+from corral.grammar.regex_algebra import complement, disjoint, matches, never_runs_out, regular
 from corral.grammar.schema_analysis import analyze_schema
 
 PATTERNS = [
@@ -128,3 +129,34 @@ def test_matches_agrees_with_re_search():
         for s in strings:
             assert matches(pattern, s) == bool(re.search(pattern, s)), (pattern, s)
     assert matches("(?=a)a", "a") is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "endless"),
+    [
+        ("^[a-b_]+$", True),
+        ("^x\\d+$", True),
+        ("^(.)*$", True),
+        ("b", True),
+        ("x$", True),
+        ("^(?!ab)[ab]+$", True),
+        ("^[ab]$", False),
+        ("^(?:ab|ba)$", False),
+        ("^a(b|a+)$", False),  # "ab" ends it
+        ("^[ab]{1,3}$", False),
+        ("^a*b$", False),
+    ],
+)
+def test_never_runs_out_against_brute_force(pattern, endless):
+    """A finite key set has a matching string with no longer matching one; an endless one
+    has none (checked on the backend's form of `pattern`, whose `$` is the end of the text,
+    over short strings of a small alphabet)."""
+    assert never_runs_out(pattern) is endless
+    backend = re.compile(pattern.replace("$", "\\Z"))
+    alphabet = "ab_x1"
+    short = ["".join(t) for n in range(4) for t in itertools.product(alphabet, repeat=n)]
+    tails = [t for t in short if t]
+    matching = [w for w in short if backend.search(w)]
+    assert matching
+    stuck = [w for w in matching if not any(backend.search(w + t) for t in tails)]
+    assert bool(stuck) is not endless, (pattern, stuck[:3])
