@@ -26,7 +26,6 @@ from corral.grammar.partial_values import (
     admits_type,
     finish_leaf,
     finish_string,
-    fresh_suffix,
     holds,
     lone_char,
     pointer_escape,
@@ -263,20 +262,15 @@ class PartialJson(CharStream):
                 need = max(need, 1)
             if need > MAX_FILL:
                 return None
-            items = []
             start = f.count + (above is not None)
             taken = self._taken(f, node, inner)
-            for i in range(start, start + max(need, 0)):
-                value = c.shortest(c.child(node, i))
-                if value is None:
-                    return None
-                if taken is not None:  # items that must not repeat: open strings
-                    text = json.loads(value)
-                    text += fresh_suffix(text, taken) if text in taken else ""
-                    taken.add(text)
-                    value = c.dumps(text)
-                items.append(value)
-                cut.append(f"{f.pointer}/{i}")
+            if taken is not None:  # string items that must not repeat
+                items = c.distinct_items(node, start, max(need, 0), taken)  # type: ignore[arg-type]
+            else:
+                items = [c.shortest(c.child(node, i)) for i in range(start, start + max(need, 0))]
+            if items is None or None in items:
+                return None
+            cut += [f"{f.pointer}/{i}" for i in range(start, start + len(items))]
             after = f.state in ("comma_or_end", "inside")
             return (c.comma if items and after else "") + c.comma.join(items) + "]", cut
         if above == "key":

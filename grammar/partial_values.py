@@ -16,6 +16,7 @@ from corral.grammar.shortest import (
     JsonCloser,
     Schema,
     complete_string,
+    fresh_suffix,
     implied_types,
     json_kind,
     number_ok,
@@ -90,7 +91,11 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
         return None if node is False else (head + '"', text)
     if "const" in node or "enum" in node:
         values = [node["const"]] if "const" in node else node["enum"]
-        fits = [v[len(text) :] for v in values if isinstance(v, str) and v.startswith(text)]
+        fits = [
+            v[len(text) :]
+            for v in values
+            if isinstance(v, str) and v.startswith(text) and v not in held
+        ]
         rest = min(fits, key=len, default=None)
     else:
         rest = complete_string(node, text)
@@ -99,15 +104,6 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
     if rest is None:
         return None
     return head + json.dumps(rest, ensure_ascii=False)[1:], text + rest
-
-
-def fresh_suffix(text: str, taken: tuple[str, ...] | set[str]) -> str:
-    """The shortest run of digits that makes `text` + it a string not in `taken`."""
-    for n in range(1, len(taken) + 2):
-        for k in range(10 ** (n - 1) if n > 1 else 0, 10**n):
-            if text + str(k) not in taken:
-                return str(k)
-    raise AssertionError("unreachable: fewer strings are taken than tried")
 
 
 def holds(f: Frame, node: Schema) -> bool:

@@ -49,6 +49,7 @@ FOLDED_ENUM = "conjunction folded into enum"
 DISTINCT_KEYS = "repeated keys checked at value boundaries"
 FRACTION_CHECK = "not integer->fraction checked at value boundaries (plain decimal, 15 digits)"
 UNIQUE_CHECK = "uniqueItems checked at value boundaries (open string items)"
+UNIQUE_CHECK_LISTED = "uniqueItems checked at value boundaries (listed string items)"
 #: the rewrites that rely on a mark the matcher checks (``value_sites``)
-VALUE_CHECKS = (FRACTION_CHECK, UNIQUE_CHECK)
+VALUE_CHECKS = (FRACTION_CHECK, UNIQUE_CHECK, UNIQUE_CHECK_LISTED)
 ANY_ORDER = "optional properties in any order"

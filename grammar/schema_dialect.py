@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft3Validator, Draft4Validator, Draft6Validator, Draft7Validator
+from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
 from corral.grammar import rewrite_log as log
+from corral.grammar.errors import ConstraintError
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Dialect:
     ref_alone: bool = False
     #: ``exclusiveMaximum``/``exclusiveMinimum`` are booleans on the bounds (drafts 3 and 4)
     boolean_bounds: bool = False
+    #: the judge's validator class for the dialect (checks the keywords it ignores)
+    judge: type | None = None
 
 
 _LATEST = Dialect()
@@ -44,9 +48,9 @@ def dialect_of(root: Any) -> Dialect:
     except Exception:  # an unknown meta-schema: jsonschema warns or raises, and reads 2020-12
         return _LATEST
     if judge in (Draft3Validator, Draft4Validator):
-        return Dialect(ref_alone=True, boolean_bounds=True)
+        return Dialect(ref_alone=True, boolean_bounds=True, judge=judge)
     if judge in (Draft6Validator, Draft7Validator):
-        return Dialect(ref_alone=True)
+        return Dialect(ref_alone=True, judge=judge)
     return _LATEST
 
 
@@ -57,7 +61,9 @@ def as_latest(s: dict, dialect: Dialect, pointer: str, record, annotations: froz
     """Schema object ``s`` with its dialect's meanings written in 2020-12 terms (``s`` itself
     when nothing differs). ``record(pointer, keyword, rewrite)`` notes each change."""
     if dialect.ref_alone and "$ref" in s:
-        if any(k != "$ref" and k not in annotations for k in s):
+        ignored = {k: v for k, v in s.items() if k != "$ref" and k not in annotations}
+        if ignored:
+            _check_form(ignored, dialect, pointer)  # ignored, but still part of a valid schema
             record(f"{pointer}/$ref", "$ref", log.REF_ALONE)
         return {"$ref": s["$ref"]}
     if dialect.boolean_bounds and any(isinstance(s.get(e), bool) for e, _ in _BOUNDS):
@@ -71,3 +77,13 @@ def as_latest(s: dict, dialect: Dialect, pointer: str, record, annotations: froz
                 s[exclusive] = s.pop(bound)
                 record(f"{pointer}/{exclusive}", exclusive, log.BOOLEAN_BOUND)
     return s
+
+
+def _check_form(keywords: dict, dialect: Dialect, pointer: str) -> None:
+    """Raise ConstraintError when `keywords` break the dialect's meta-schema."""
+    try:
+        dialect.judge.check_schema(keywords)  # type: ignore[union-attr]
+    except SchemaError as e:
+        where = "/".join(str(p) for p in e.path)
+        keyword = str(e.path[0]) if e.path else ""
+        raise ConstraintError(e.message, f"{pointer}/{where}", keyword) from None

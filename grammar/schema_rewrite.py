@@ -262,22 +262,26 @@ class KeywordRewrites:
                 ]
                 arrangements = _arrangements(distinct, out.get("minItems", 0), out.get("maxItems"))
         target = lambda ref: self.a.lookup(ref) or False  # noqa: E731 - unknown: not open
-        if (
-            arrangements is None
-            and "prefixItems" not in out
-            and self.a.check_keys
-            and Modes(target).open_string(items)
-        ):
+        checkable = arrangements is None and "prefixItems" not in out and self.a.check_keys
+        if checkable and Modes(target).open_string(items):
             # open string items: the matcher refuses a repeated one (``value_sites``)
             out[UNIQUE] = where
             self.a.record(where, "uniqueItems", log.UNIQUE_CHECK)
+            return
+        listed = Modes(target).listed_strings(items) if checkable else None
+        if listed and out.get("minItems", 0) <= len(listed):
+            # listed strings: the matcher steers clear of those the array holds, and ends the
+            # array when none is left (``value_sites``)
+            out[UNIQUE] = where
+            self.a.record(where, "uniqueItems", log.UNIQUE_CHECK_LISTED)
             return
         if arrangements is None:
             self.a.refuse(
                 where,
                 "uniqueItems",
                 "'uniqueItems' can only be enforced over a small finite item domain, or over "
-                "strings with no bound but a 'minLength' (checked by the matcher)",
+                "strings with no bound but a 'minLength' or listed strings (checked by the "
+                "matcher)",
             )
             return
         others = sorted(ALL_TYPES - {"array"})

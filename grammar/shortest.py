@@ -23,6 +23,7 @@ from corral.grammar.schema_merge import merge
 from corral.grammar.string_completion import (  # noqa: F401 - re-exported
     MAX_FILL,
     complete_string,
+    fresh_suffix,
     search_pattern,
     shortest_string,
 )
@@ -180,14 +181,12 @@ class JsonCloser:
         if kind == "array":
             if node.get("minItems", 0) > MAX_FILL:
                 return None
-            items = [self.shortest(self.child(node, i)) for i in range(node.get("minItems", 0))]
-            if None in items:
+            if UNIQUE in node:  # string items that must not repeat (``value_sites``)
+                items = self.distinct_items(node, 0, node.get("minItems", 0), set())
+            else:
+                items = [self.shortest(self.child(node, i)) for i in range(node.get("minItems", 0))]
+            if items is None or None in items:
                 return None
-            if UNIQUE in node:  # open string items (``value_sites``): made distinct
-                items = [
-                    self.dumps(json.loads(t) + str(i) if i else json.loads(t))
-                    for i, t in enumerate(items)
-                ]  # type: ignore[arg-type]
             return "[" + self.comma.join(items) + "]"  # type: ignore[arg-type]
         if kind == "object":
             members = self.required_members(node, ())
@@ -195,6 +194,31 @@ class JsonCloser:
                 return None
             return "{" + self.comma.join(self.dumps(k) + self.colon + v for k, v in members) + "}"
         return None
+
+    def distinct_items(
+        self, node: dict, start: int, count: int, taken: set[str]
+    ) -> list[str] | None:
+        """The texts of `count` items from index `start` of an array under `node` whose string
+        items must not repeat: none in `taken` (which gains them) nor twice. Listed strings
+        are taken shortest first; open strings get digits appended."""
+        out = []
+        for i in range(start, start + count):
+            item = self.resolve(self.child(node, i))
+            listed = _listed(item)
+            if listed is not None:
+                free = [v for v in listed if isinstance(v, str) and v not in taken]
+                if not free:
+                    return None
+                text = min(free, key=lambda v: (len(self.dumps(v)), v))
+            else:
+                shortest = self.shortest(item)
+                text = None if shortest is None else json.loads(shortest)
+                if not isinstance(text, str):
+                    return None
+                text += fresh_suffix(text, taken) if text in taken else ""
+            taken.add(text)
+            out.append(self.dumps(text))
+        return out
 
     def required_members(
         self, node: Schema, present: Iterable[str]

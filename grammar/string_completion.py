@@ -125,3 +125,12 @@ def search_pattern(pattern: str, text: str) -> bool:
         return re.search(pattern, text) is not None
     except re.error:
         return False
+
+
+def fresh_suffix(text: str, taken: tuple[str, ...] | set[str]) -> str:
+    """The shortest run of digits that makes `text` + it a string not in `taken`."""
+    for n in range(1, len(taken) + 2):
+        for k in range(10 ** (n - 1) if n > 1 else 0, 10**n):
+            if text + str(k) not in taken:
+                return str(k)
+    raise AssertionError("unreachable: fewer strings are taken than tried")

@@ -113,6 +113,8 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
                 continue
             if mode == _KEY or checked:
                 text += bytes((b,))
+                if checked and not _listed_alive(sites, stack[-1], text):
+                    return None
             continue
         if b in _WHITESPACE or b == ord(":"):
             continue
@@ -131,6 +133,8 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
         elif b == ord(","):
             if stack and stack[-1][1] >= 0:
                 at, i, held = stack[-1]
+                if held is not None and not _listed_alive(sites, stack[-1], None):
+                    return None  # every listed string is held: no further item can follow
                 stack = (*stack[:-1], (at, i + 1, held))
                 site = sites.item(at, i + 1)
             else:
@@ -141,6 +145,16 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
     if mode == _NUMBER and checked and not alive(text.decode()):
         return None
     return Scan(stack, mode, escaped, text, site, key_next, checked)
+
+
+def _listed_alive(sites: Sites, top: tuple, typed: bytes | None) -> bool:
+    """For an array whose items are listed strings: whether one it does not hold is spelt
+    from ``typed`` (the item's bytes so far; None: a new item). True for open strings."""
+    listed = sites.listed[top[0]]
+    if listed is None:
+        return True
+    held = top[2]
+    return any(v not in held and (typed is None or spelt.startswith(typed)) for v, spelt in listed)
 
 
 class _Index(NamedTuple):
@@ -184,7 +198,7 @@ class ValueChecksMatcher(ScanningMatcher):
         checked number, every token the backend allows; else a number needs a digit, and a
         string item the quote that closes it (to repeat one it holds, exactly that item's rest
         before it), or two quotes to open and close one."""
-        if state.mode == _NUMBER and state.checked:
+        if (state.mode == _NUMBER and state.checked) or self._in_listed(state):
             allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
             return allowed[allowed < len(self._index.bytes)]
         fraction, unique = self._kinds
@@ -197,6 +211,12 @@ class ValueChecksMatcher(ScanningMatcher):
             else:
                 parts.append(keys.three.ids if in_string else keys.two.ids)
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+    def _in_listed(self, state: Scan) -> bool:
+        """Directly inside an array whose items are listed strings (or one of its items): any
+        token the backend allows may start or spell an item it holds, or a further item."""
+        top = state.stack[-1] if state.stack else None
+        return top is not None and top[2] is not None and self._sites.listed[top[0]] is not None
 
     def _closing(self, state: Scan) -> np.ndarray:
         """Inside a string item: the tokens that close it as one its array holds, or that close

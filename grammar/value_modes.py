@@ -30,6 +30,9 @@ FRACTION_MODE, UNIQUE_MODE = _FRACTION, _UNIQUE
 _NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 #: the keywords an open string item may have (it can always grow into a new string)
 _OPEN_STRING = frozenset(("type", "minLength"))
+#: the keywords of a listed string item (``Modes.listed_strings``)
+_LISTED_KEYS = frozenset(("enum", "const"))
+_LISTED = _LISTED_KEYS | {"type"}
 
 Mode = tuple[int, str]
 
@@ -99,6 +102,22 @@ class Modes:
         return all(
             _neutral(sub) or self.open_string(sub, depth + 1) for sub in node.get("allOf", ())
         )
+
+    def listed_strings(self, node: Any, depth: int = 0) -> frozenset[str] | None:
+        """The strings ``node`` lists when it admits exactly a finite set of them (``enum`` or
+        ``const`` of strings, at most ``type: string`` beside), else None."""
+        if isinstance(node, dict) and set(node) == {"$ref"} and depth < 16:
+            return self.listed_strings(self._target(node["$ref"]), depth + 1)
+        if not isinstance(node, dict) or set(node) - _LISTED or not _LISTED_KEYS & set(node):
+            return None
+        if node.get("type", "string") not in ("string", ["string"]):
+            return None
+        values = [node["const"]] if "const" in node else list(node["enum"])
+        if "const" in node and "enum" in node:
+            values = [v for v in values if v in node["enum"]]
+        if not all(isinstance(v, str) for v in values):
+            return None
+        return frozenset(values)
 
     def mode(self, node: Any, kind: str) -> Mode:
         """How ``node`` admits a ``kind`` ("number" or "array") value."""

@@ -26,6 +26,7 @@ per property name the state's schemas declare, plus one for every other key) or 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,10 +58,13 @@ MAX_STATES = 4096
 @dataclass
 class Sites:
     """The automaton: state 0 is the root. ``fraction[s]``: a number there must not be an
-    integer; ``unique[s]``: an array there must not repeat an item."""
+    integer; ``unique[s]``: an array there must not repeat an item; ``listed[s]``: for such an
+    array whose items are listed strings, each (string, the bytes the backend spells it with),
+    else None (open strings)."""
 
     fraction: list[bool] = field(default_factory=list)
     unique: list[bool] = field(default_factory=list)
+    listed: list[tuple[tuple[str, bytes], ...] | None] = field(default_factory=list)
     keys: list[dict[str, int]] = field(default_factory=list)
     other: list[int] = field(default_factory=list)
     index: list[list[int]] = field(default_factory=list)
@@ -170,6 +174,7 @@ class _Builder:
         unique = self._mode(term, "array")
         self.marked.append(unique[1] if self.modes.check(unique, "array") else None)
         s.unique.append(self.marked[-1] is not None)
+        s.listed.append(None)
         s.keys.append({})
         s.other.append(-1)
         s.index.append([])
@@ -189,13 +194,34 @@ class _Builder:
         return [*s.keys[state].values(), s.other[state], *s.index[state], s.rest[state]]
 
     def _check_items(self, state: int) -> None:
-        """Every item of a unique array is an open string, so a duplicate can be avoided."""
+        """Every item of a unique array is an open string, so a duplicate can be avoided, or
+        one of the same listed strings, so the matcher can steer clear of those it holds."""
         s = self.sites
-        if s.index[state] or self._open(self.terms[s.rest[state]]) != "open":
+        items = self.terms[s.rest[state]]
+        if not s.index[state] and self._open(items) == "open":
+            return
+        listed = None if s.index[state] else self._listed(items)
+        if not listed:
             raise SiteConflict(
                 self.marked[state] or "",
-                "the items of an array that must not repeat one may be other than open strings",
+                "the items of an array that must not repeat one may be other than open strings "
+                "or one list of strings",
             )
+        spelt = ((v, json.dumps(v, ensure_ascii=False)[1:-1].encode()) for v in sorted(listed))
+        s.listed[state] = tuple(spelt)
+
+    def _listed(self, term: Term) -> frozenset[str] | None:
+        """The strings every item at a position is one of, when all its schemas list the
+        same ones (a conjunction: those all list); None otherwise."""
+        what, parts = term
+        if what == "node":
+            return self.modes.listed_strings(self.nodes[parts])
+        found = [self._listed(t) for t in parts]
+        if not found or None in found:
+            return None
+        if what == "and":
+            return frozenset.intersection(*found)  # type: ignore[arg-type]
+        return found[0] if len(set(found)) == 1 else None
 
     # -- terms -------------------------------------------------------------------------------
     def _node(self, node: Any) -> Term:

@@ -72,6 +72,15 @@ def leaf() -> st.SearchStrategy[dict]:
             },
             st.integers(0, 3),
         ),
+        st.builds(  # listed strings that must not repeat: more than arrangements could list
+            lambda n: {
+                "type": "array",
+                "items": {"enum": ["red", "green", "blue", "cyan", "re", "ed"]},
+                "uniqueItems": True,
+                "minItems": n,
+            },
+            st.integers(0, 6),
+        ),
         st.builds(  # open ranges, some without an integer (the shortest is a decimal)
             lambda lo: {
                 "type": "number",

@@ -51,6 +51,20 @@ CASES = [
         {"enum": [1, 2, 3], "allOf": [{"minimum": 2}]},
         [("", "allOf", log.FOLDED_ENUM)],
     ),
+    (
+        {"type": "array", "items": {"enum": list("abcdefg")}, "uniqueItems": True},
+        [("/uniqueItems", "uniqueItems", log.UNIQUE_CHECK_LISTED)],
+    ),
+    (
+        {"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/$defs/a", "type": "null"}
+        | {"$defs": {"a": {"type": "string"}}},
+        [("/$ref", "$ref", log.REF_ALONE)],
+    ),
+    (
+        {"$schema": "http://json-schema.org/draft-04/schema#", "maximum": 1}
+        | {"exclusiveMaximum": True},
+        [("/exclusiveMaximum", "exclusiveMaximum", log.BOOLEAN_BOUND)],
+    ),
 ]
 
 

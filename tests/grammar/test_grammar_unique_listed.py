@@ -1,0 +1,141 @@
+"""`uniqueItems` over listed strings (an `enum` of strings with too many arrangements to list),
+checked at value boundaries (`grammar/value_checks.py`): the matcher refuses every byte that
+leaves only strings the array already holds, and a further item once it holds them all, so a
+repeat is never written and no state is left without a valid continuation.
+
+Real compiles with the Llama-3 tokenizer; every verdict and every finished walk is judged by
+`jsonschema`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from grammar_walkers import allowed_ids, assert_walks_valid_without_repeats, decode
+from jsonschema import Draft202012Validator
+
+from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
+from corral.grammar.compiled import CompiledConstraint
+from corral.grammar.rewrite_log import UNIQUE_CHECK_LISTED
+from corral.grammar.shortest import JsonCloser
+from corral.grammar.value_checks import ValueChecksMatcher
+from corral.grammar.walk import accepts
+
+#: "re" is a prefix of "red": once "re" is held, `"re` may still become "red"
+COLOURS = ["red", "green", "blue", "cyan", "magenta", "yellow", "re"]
+PICK = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"enum": COLOURS}, "uniqueItems": True, "minItems": 2}
+    },
+    "required": ["tags"],
+    "additionalProperties": False,
+}
+JUDGE = Draft202012Validator(PICK)
+
+
+def _compile(schema, tok, **kw) -> CompiledConstraint:
+    return compile_constraint(ConstraintSpec.json_schema(schema, **kw), tok)
+
+
+def _accepts(c: CompiledConstraint, text: str, tok) -> bool:
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    return accepts(c.matcher(), tok.encode(text), bitmask)
+
+
+def _tags(items: list[str]) -> str:
+    return json.dumps({"tags": items}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        ["red", "green"],
+        ["re", "red"],
+        ["red", "re"],
+        COLOURS,
+        ["red", "red"],
+        ["re", "re"],
+        ["cyan", "blue", "cyan"],
+        [*COLOURS, "red"],
+        ["red"],
+    ],
+)
+def test_every_verdict_is_the_judges(items, llama3_tokenizer):
+    c = _compile(PICK, llama3_tokenizer)
+    assert isinstance(c.matcher(), ValueChecksMatcher)
+    assert any(r.rewrite == UNIQUE_CHECK_LISTED for r in c.rewrites)
+    want = JUDGE.is_valid({"tags": items})
+    assert _accepts(c, _tags(items), llama3_tokenizer) is want
+    again = CompiledConstraint.from_bytes(c.to_bytes(), llama3_tokenizer)  # the cache keeps it
+    assert _accepts(again, _tags(items), llama3_tokenizer) is want
+
+
+def test_once_every_listed_string_is_held_the_array_ends(llama3_tokenizer):
+    tok = llama3_tokenizer
+    m = _compile(PICK, tok).matcher()
+    for t in tok.encode(_tags(COLOURS)[:-2]):  # all seven, the array still open
+        assert m.accept(t)
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    m.fill_mask(bitmask, 0)
+    allowed = {decode(tok, [t]) for t in allowed_ids(bitmask, 0, tok.vocab_size).tolist()}
+    assert "]" in allowed and not any("," in a for a in allowed)
+
+
+def test_an_eager_walk_toward_repeats_never_stalls(llama3_tokenizer):
+    """Always the token that would repeat an item if the matcher let it: the walk still ends in
+    a valid instance, and no step is left without an allowed token."""
+    tok = llama3_tokenizer
+    m = _compile(PICK, tok).matcher()
+    prefer = [tok.encode(p)[0] for p in ('{"', "tags", '":["', "re", '","', "red", "d")]
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    out: list[int] = []
+    for _ in range(80):
+        m.fill_mask(bitmask, 0)
+        allowed = set(allowed_ids(bitmask, 0, tok.vocab_size).tolist())
+        assert allowed, "no token allowed: a dead end after " + decode(tok, out)
+        pick = next((t for t in prefer if t in allowed), min(allowed))
+        if pick in tok.eos_token_ids:
+            break
+        assert m.accept(pick)
+        out.append(pick)
+    assert JUDGE.is_valid(json.loads(decode(tok, out))), decode(tok, out)
+
+
+def test_random_walks_are_valid(llama3_tokenizer):
+    c = _compile(PICK, llama3_tokenizer)
+    assert_walks_valid_without_repeats(c.matcher, PICK, llama3_tokenizer, 40, 80)
+
+
+@pytest.mark.parametrize("items", [["re", "red", "cyan"], COLOURS[:5]])
+def test_budget_closings_pick_strings_not_held(items, llama3_tokenizer):
+    c = _compile(PICK, llama3_tokenizer)
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(PICK))
+    assert JUDGE.is_valid(json.loads(closer.shortest(closer.root)))
+    text, partial, closed = _tags(items), closer.start(), 0
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        if found is not None:
+            full = text[: i + 1] + found[0]
+            assert JUDGE.is_valid(json.loads(full)), full
+            assert _accepts(c, full, llama3_tokenizer), full
+            closed += 1
+    assert closed >= len(text) // 2
+
+
+def test_refused_where_the_check_would_not_be_exact(llama3_tokenizer):
+    tok = llama3_tokenizer
+    tags = PICK["properties"]["tags"]
+    many = [f"c{i}" for i in range(20)]  # past arrangements: the matcher would check them
+    too_many = {**tags, "items": {"enum": many}, "minItems": 21}  # no array has 21 distinct
+    other = {**tags, "items": {"enum": ["x", "y", "z", "w", "v", "u"]}}
+    for schema in (too_many, {"anyOf": [tags, other]}):
+        with pytest.raises(ConstraintError) as e:
+            _compile(schema, tok)
+        assert e.value.keyword == "uniqueItems"
+    after_reasoning = ConstraintSpec.json_schema(PICK).after_reasoning("<think>", "</think>")
+    with pytest.raises(ConstraintError):
+        compile_constraint(after_reasoning, tok)
