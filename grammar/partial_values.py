@@ -81,6 +81,8 @@ def finish_leaf(
 def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """The rest of open string `f` (closing quote included) under `node`, and the string it
     makes (not one of `held`); None when there is none."""
+    if isinstance(node, dict) and ("const" in node or "enum" in node):
+        return _finish_listed(f, [node["const"]] if "const" in node else node["enum"], held)
     head, text = "", f.text
     if f.escape:
         head = finish_escape(f.escape)
@@ -89,21 +91,25 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
         text += json.loads('"' + f.escape + head + '"')
     if not isinstance(node, dict):
         return None if node is False else (head + '"', text)
-    if "const" in node or "enum" in node:
-        values = [node["const"]] if "const" in node else node["enum"]
-        fits = [
-            v[len(text) :]
-            for v in values
-            if isinstance(v, str) and v.startswith(text) and v not in held
-        ]
-        rest = min(fits, key=len, default=None)
-    else:
-        rest = complete_string(node, text)
-        if rest is not None and text + rest in held:
-            rest += fresh_suffix(text + rest, held)
+    rest = complete_string(node, text)
     if rest is None:
         return None
+    if text + rest in held:
+        rest += fresh_suffix(text + rest, held)
     return head + json.dumps(rest, ensure_ascii=False)[1:], text + rest
+
+
+def _finish_listed(f: Frame, values: list, held: tuple[str, ...]) -> tuple[str, str] | None:
+    """`finish_string` for a listed string: the shortest value not in `held` that the text so
+    far spells, its half-written escape included, as the backend spells it."""
+    best = None
+    for v in values:
+        if not isinstance(v, str) or v in held or not v.startswith(f.text):
+            continue
+        spelt = json.dumps(v[len(f.text) :], ensure_ascii=False)[1:]  # with the closing quote
+        if spelt.startswith(f.escape) and (best is None or len(spelt) < len(best[0])):
+            best = (spelt[len(f.escape) :], v)
+    return best
 
 
 def holds(f: Frame, node: Schema) -> bool:

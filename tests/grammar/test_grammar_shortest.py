@@ -62,6 +62,9 @@ def test_closings_of_real_prefixes_are_valid(corpus):
     [
         ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, "[1", ",0]"),
         ({"enum": ["alpha", "beta"]}, '"al', 'pha"'),
+        # a half-written escape finishes as a listed string spells it
+        ({"enum": ['a"b', "a\\c"]}, '"a\\', '"b"'),
+        ({"enum": ['a"b', "a\\c"]}, '"a\\\\', 'c"'),
         ({"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, '"AB', '-000"'),
         ({"type": "integer", "minimum": 10}, "1", "0"),
         (

@@ -139,3 +139,22 @@ def test_refused_where_the_check_would_not_be_exact(llama3_tokenizer):
     after_reasoning = ConstraintSpec.json_schema(PICK).after_reasoning("<think>", "</think>")
     with pytest.raises(ConstraintError):
         compile_constraint(after_reasoning, tok)
+
+
+def test_closings_are_known_inside_escapes(llama3_tokenizer):
+    """Listed strings that need escapes: a closing is known after every character, a half-
+    written escape included (before, `"q\\` finished as `q\\n`, held, so no closing was known
+    and budget closing ended such an output at once, as `length`)."""
+    escaped = ['q"', "q\\", "q\n", "é", "日本", "x y"]
+    schema = {"type": "array", "items": {"enum": escaped}, "uniqueItems": True, "minItems": 5}
+    c = _compile(schema, llama3_tokenizer)
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    text = json.dumps(["x y", "q\\", "q\n", 'q"', "é"], ensure_ascii=False, separators=(",", ":"))
+    partial = closer.start()
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        assert found is not None, text[: i + 1]
+        full = text[: i + 1] + found[0]
+        assert Draft202012Validator(schema).is_valid(json.loads(full)), full
+        assert _accepts(c, full, llama3_tokenizer), full
