@@ -84,7 +84,7 @@ class BudgetSteer:
     def _length(self, partial: PartialJson, pending: bytes, room: int) -> int | None:
         """Tokens of C from `partial` (+ `pending` bytes of a split character), or an upper
         bound of them that already fits in `room`; None when C is unknown."""
-        found = self._closing(partial, pending)
+        found = closing_after(partial, pending)
         if found is None:
             return None
         head, text, _ = found
@@ -92,22 +92,12 @@ class BudgetSteer:
             return len(head) + len(text.encode())
         return len(head) + len(self.tok.encode(text, add_special_tokens=False))
 
-    def _closing(self, partial: PartialJson, pending: bytes) -> tuple[bytes, str, list] | None:
-        head = b""
-        if pending:
-            head = bytes([_SECOND_BYTE.get(pending[0], 0x80)]) + b"\x80" * 3
-            head = head[: _utf8_len(pending[0]) - len(pending)]
-            partial = partial.copy()
-            partial.feed((pending + head).decode("utf-8", "replace"))
-        found = partial.closing()
-        return None if found is None else (head, found[0], found[1])
-
     def close(self, seq: Sequence, append: Callable[[int], None]) -> bool:
         """Append C from the current state (verified first) and end `seq` as "length"; False
         (and steering off, reported) when no closing sequence was found."""
         self.active = False
         room = self.room(seq)
-        found = self._closing(self.partial, self.decoder.getstate()[0])
+        found = closing_after(self.partial, self.decoder.getstate()[0])
         tokens = None
         if found is not None:
             head, text, cut = found
@@ -134,6 +124,39 @@ class BudgetSteer:
             complete = seq.matcher is not None and seq.matcher.can_terminate()
             return BudgetReport(False, (), complete, self.reason or None)
         return None
+
+
+def closing_after(partial: PartialJson, pending: bytes) -> tuple[bytes, str, list] | None:
+    """C from `partial` followed by `pending`, the first bytes of a character: the bytes that
+    finish the character, the closing text after it, and the pointers it cuts short."""
+    if not pending:
+        found = partial.closing()
+        return None if found is None else (b"", found[0], found[1])
+    for head in _char_ends(partial, pending):
+        trial = partial.copy()
+        trial.feed((pending + head).decode("utf-8", "replace"))
+        found = trial.closing()
+        if found is not None:
+            return head, found[0], found[1]
+    return None
+
+
+def _char_ends(partial: PartialJson, pending: bytes) -> list[bytes]:
+    """Bytes that finish the character `pending` begins: those of each listed string the open
+    string may still become (its own next character), then the smallest valid ones."""
+    size = _utf8_len(pending[0])
+    filler = bytes([_SECOND_BYTE.get(pending[0], 0x80)]) + b"\x80" * 3
+    ends = []
+    top = partial.stack[-1] if partial.stack else None
+    for node in top.schemas if top is not None and top.kind == "string" else ():
+        listed = [node["const"]] if isinstance(node, dict) and "const" in node else None
+        listed = listed or (node.get("enum") if isinstance(node, dict) else None) or ()
+        for v in listed:
+            if isinstance(v, str) and v.startswith(top.text) and not top.escape:
+                spelt = v[len(top.text) :].encode()
+                if spelt.startswith(pending) and len(spelt) >= size:
+                    ends.append(spelt[len(pending) : size])
+    return [*dict.fromkeys(ends), filler[: size - len(pending)]]
 
 
 def _ends(seq: Sequence, tok: int) -> bool:

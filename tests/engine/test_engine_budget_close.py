@@ -4,19 +4,23 @@ budgets and seeds; below that, the report says it could not be complete."""
 
 from __future__ import annotations
 
+import codecs
 import json
 
 import jsonschema
 import pytest
+import torch
 from budget_schemas import SCHEMAS
 from engine_helpers import chat, make_engine
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from corral.engine import SamplingParams
+from corral.engine.budget_close import closing_after
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
 from corral.grammar.shortest import JsonCloser
 from corral.grammar.spec import JsonFormat
+from corral.grammar.walk import accepts
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
 #: found by hypothesis: after `{"a": true,` the branch needing `b_c` is closed, since `b_c` is
@@ -149,3 +153,30 @@ def test_listed_objects_and_arrays_end_as_stop_with_room_to_spare(setup, schema)
     jsonschema.validate(json.loads(choice.text), schema)
     assert choice.finish_reason == "stop", (choice.text, choice.budget_close)
     assert choice.budget_close is None or not choice.budget_close.steered
+
+
+def test_a_split_character_closes_as_a_listed_string_spells_it(llama3_tokenizer):
+    """A token may end inside a character's UTF-8 bytes. The closing then starts with the bytes
+    that finish it: for a listed string, its own (before, a fixed continuation byte spelt a
+    character no listed string has, no closing was known, and the output was ended at once)."""
+    schema = {
+        "type": "array",
+        "items": {"enum": ["é", "日本", "ü", "x"]},
+        "uniqueItems": True,
+        "minItems": 2,
+    }
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+    for items in (["é", "日本"], ["日本", "ü", "x"]):
+        text = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
+        for cut in range(1, len(text)):
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            partial = closer.start()
+            partial.feed(decoder.decode(text[:cut]))
+            found = closing_after(partial, decoder.getstate()[0])
+            assert found is not None, text[:cut]
+            full = text[:cut] + found[0] + found[1].encode()
+            assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(full)), full
+            ids = llama3_tokenizer.encode(full.decode())
+            assert accepts(compiled.matcher(), ids, bitmask), full
