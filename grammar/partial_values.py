@@ -62,6 +62,9 @@ def finish_leaf(
         for lit in LITERALS:
             if lit.startswith(f.text):
                 return lit[len(f.text) :] if number_ok(node, json.loads(lit)) else None
+        listed = _listed_numbers(node, f.text)
+        if listed is not None:
+            return listed
         base = "0" if f.text[-1] in "-+eE." else ""
         grow = not any(ch in f.text for ch in ".eE")  # digits may still be appended
         rests = [base + "0" * k for k in range(4 if grow else 1)]
@@ -97,6 +100,21 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
     if text + rest in held:
         rest += fresh_suffix(text + rest, held)
     return head + json.dumps(rest, ensure_ascii=False)[1:], text + rest
+
+
+def _listed_numbers(node: Schema, typed: str) -> str | None:
+    """For a number `enum`/`const`: the shortest rest of a listed number spelt from `typed`
+    (an integral value as an integer, as the backend writes it); None when none is listed."""
+    if not isinstance(node, dict) or not ("enum" in node or "const" in node):
+        return None
+    values = [node["const"]] if "const" in node else node["enum"]
+    spellings = (
+        json.dumps(int(v) if isinstance(v, float) and v.is_integer() else v)
+        for v in values
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    )
+    rests = [s[len(typed) :] for s in spellings if s.startswith(typed)]
+    return min(rests, key=len, default=None)
 
 
 def _finish_listed(f: Frame, values: list, held: tuple[str, ...]) -> tuple[str, str] | None:

@@ -51,10 +51,14 @@ def shortest_string(node: dict) -> str | None:
 
 
 def _regex_completion(pattern: str, text: str, min_length: int) -> str | None:
-    """Shortest suffix s with `text + s` fully matching `pattern` (anchors stripped) and at
-    least `min_length` characters long; None where the regex cannot be analysed."""
-    body = pattern[1:] if pattern.startswith("^") else pattern
-    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
+    """Shortest suffix s with `text + s` matching `pattern` as `re.search` does (a side
+    without its anchor takes any text there) and at least `min_length` characters long; None
+    where the regex cannot be analysed."""
+    start = pattern.startswith("^")
+    end = pattern.endswith("$") and not pattern.endswith("\\$")
+    body = pattern[int(start) : len(pattern) - int(end)]
+    body = body if start else f"(?:.|\\n)*(?:{body})"
+    body = body if end else f"(?:{body})(?:.|\\n)*"
     try:
         dfa = _dfa(body)
     except Exception:  # interegular refuses some syntax: unknown, not wrong

@@ -62,6 +62,13 @@ def test_closings_of_real_prefixes_are_valid(corpus):
     [
         ({"type": "array", "items": {"type": "integer"}, "minItems": 2}, "[1", ",0]"),
         ({"enum": ["alpha", "beta"]}, '"al', 'pha"'),
+        # a pattern is searched: a string not yet matching grows into one that contains it
+        ({"type": "string", "pattern": "1.2"}, '"2', '1a2"'),
+        ({"type": "string", "pattern": "^x\\d"}, '"x', '0"'),
+        ({"type": "string", "pattern": "b$"}, '"ba', 'b"'),
+        # a listed number finishes as the backend spells it (1.0 as 1)
+        ({"enum": [1.1, 20, 3.0]}, "1", ".1"),
+        ({"enum": [1.1, 20, 3.0]}, "3", ""),
         # a half-written escape finishes as a listed string spells it
         ({"enum": ['a"b', "a\\c"]}, '"a\\', '"b"'),
         ({"enum": ['a"b', "a\\c"]}, '"a\\\\', 'c"'),
