@@ -34,6 +34,7 @@ from corral.grammar.shortest import (
     MAX_FILL,
     JsonCloser,
     Schema,
+    complete_string,
 )
 from corral.grammar.value_sites import UNIQUE
 
@@ -296,8 +297,8 @@ class PartialJson(CharStream):
 
     def _close_key(self, f: Frame, node: Schema, cut: list[str]) -> tuple[str, list[str]] | None:
         """An object whose innermost open value is a property name: finish the name (a declared
-        property it may still become, or itself where any name is allowed), its value, the
-        missing required properties, and the object."""
+        property it may still become, a key a pattern completes it to, or itself where any name
+        is allowed), its value, the missing required properties, and the object."""
         c, key = self.closer, self.stack[-1]
         if key.escape or not isinstance(node, dict):
             return None
@@ -308,6 +309,7 @@ class PartialJson(CharStream):
             taken = {*f.keys, *node.get("properties", {})}
             fresh = (typed + s for s in itertools.chain([""], map(str, itertools.count())))
             names.append(next(n for n in fresh if n not in taken))
+        names += _pattern_names(node, typed, f.keys)
         best = None
         for name in names:
             value = c.shortest(c.child(node, name))
@@ -334,6 +336,17 @@ class PartialJson(CharStream):
             if finished is not None:
                 taken.add(finished[1])
         return taken
+
+
+def _pattern_names(node: dict, typed: str, present: tuple[str, ...]) -> list[str]:
+    """Names a `patternProperties` key begun as `typed` may be finished as (the shortest for
+    each pattern), where the object does not hold them yet."""
+    out = []
+    for pattern in node.get("patternProperties", {}):
+        rest = complete_string({"type": "string", "pattern": pattern}, typed)
+        if rest is not None and typed + rest not in present:
+            out.append(typed + rest)
+    return out
 
 
 def _unique(schemas: list[Schema]) -> bool:
@@ -367,6 +380,7 @@ def _cheapest_member(c: JsonCloser, node: Schema, present: tuple[str, ...]):
     names, undeclared = _next_names(node, present)
     if undeclared and "" not in present and "" not in node.get("properties", {}):
         names.append("")
+    names += _pattern_names(node, "", present)
     options = [(n, c.shortest(c.child(node, n))) for n in names]
     options = [(n, v) for n, v in options if v is not None]
     best = min(options, key=lambda o: len(c.dumps(o[0])) + len(o[1]), default=None)

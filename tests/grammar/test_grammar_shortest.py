@@ -248,3 +248,27 @@ def test_the_shortest_number_lies_inside_its_bounds(node, shortest, llama3_token
         compiled = compile_constraint(ConstraintSpec.json_schema(closer.root), llama3_tokenizer)
         bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
         assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(text), bitmask)
+
+
+def test_a_pattern_key_begun_is_finished_by_its_pattern(llama3_tokenizer):
+    """A key begun in an object whose other keys must match a pattern: the closing finishes
+    it as the pattern allows (before, no closing was known, so budget closing ended such an
+    output at once, as `length`)."""
+    schema = {
+        "type": "object",
+        "properties": {"devices": {"type": "object", "additionalProperties": False}},
+        "required": ["devices"],
+    }
+    schema["properties"]["devices"]["patternProperties"] = {"^[0-9a-f]{4}$": {"type": "integer"}}
+    spec = ConstraintSpec.json_schema(schema)
+    compiled = compile_constraint(spec, llama3_tokenizer)
+    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+    text = '{"devices":{"0a1f":1,"b'
+    partial = JsonCloser.for_spec(spec).start()
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        assert found is not None, text[: i + 1]
+        full = text[: i + 1] + found[0]
+        assert Draft202012Validator(schema).is_valid(json.loads(full)), full
+        assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(full), bitmask), full
