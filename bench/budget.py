@@ -8,6 +8,11 @@ closing and once without (what every peer does: the text is cut where the budget
 figure is the share of outputs that parse and validate (jsonschema, Draft 2020-12) against the
 original schema; the target with budget closing is 100%.
 
+`--spare N` also runs once with `max_tokens` = shortest + N (default 120) and counts the outputs
+budget closing ended with more than `SPARE_SLACK` tokens still left: a closing takes over early
+only where none is known after the token the model chose, so these show where
+`grammar.shortest` does not model a schema shape. Each is listed with its closing.
+
     python bench/budget.py --sample 200
     python bench/budget.py --only Glaiveai2K---calculate_area_245ee1e7.json   # named schemas
 """
@@ -36,6 +41,7 @@ from corral.grammar import (  # noqa: E402
 from corral.grammar.shortest import JsonCloser  # noqa: E402
 
 EXTRA = (0, 8, 32)
+SPARE_SLACK = 40  # tokens left at the end of a steered output that count as "early"
 PROMPT = "Reply with one realistic JSON instance for the application's schema, and nothing else."
 
 
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", nargs="+", metavar="FILE", help="these corpus files, not a sample")
+    p.add_argument("--spare", type=int, default=0, metavar="N", help="also run at shortest + N")
     args = p.parse_args(argv)
     print(header(__file__))
     model = load_model()
@@ -128,6 +135,24 @@ def main(argv: list[str] | None = None) -> int:
         for ch, (name, *_rest) in zip(got[True], todo, strict=True):
             if not valid(ch.text, _rest[0]):
                 print(f"  invalid with closing: {name} {ch.finish_reason} {ch.budget_close}")
+    if args.spare:
+        early = []
+        for ch, (name, _s, _c, _closer, need) in zip(
+            run(model, prompt, todo, args.spare, True), todo, strict=True
+        ):
+            used = len(model.tokenizer.encode(ch.text, add_special_tokens=False))
+            if (
+                ch.budget_close
+                and ch.budget_close.steered
+                and need + args.spare - used > SPARE_SLACK
+            ):
+                early.append((name, used, ch.budget_close.cut_short))
+        print(
+            f"shortest + {args.spare}: {len(early)} of {len(todo)} outputs ended by budget closing "
+            f"with more than {SPARE_SLACK} tokens left"
+        )
+        for name, used, cut in early:
+            print(f"  {name}: {used} tokens, cut short {list(cut)}")
     return 0
 
 
