@@ -151,10 +151,7 @@ def _listed_alive(sites: Sites, top: tuple, typed: bytes | None) -> bool:
     """For an array whose items are listed strings: whether one it does not hold is spelt
     from ``typed`` (the item's bytes so far; None: a new item). True for open strings."""
     listed = sites.listed[top[0]]
-    if listed is None:
-        return True
-    held = top[2]
-    return any(v not in held and (typed is None or spelt.startswith(typed)) for v, spelt in listed)
+    return listed is None or listed.any_left(top[2], typed)
 
 
 class _Index(NamedTuple):
@@ -162,6 +159,9 @@ class _Index(NamedTuple):
     digits: np.ndarray  # tokens with a digit
     quoted: np.ndarray  # tokens with a digit and a quote
     keys: TokenIndex  # tokens by the quotes they hold and the text before one (``distinct_keys``)
+    starts: dict[bytes, np.ndarray]  # tokens by their first byte, and by their first two bytes
+    commas: np.ndarray  # tokens with a comma
+    quote_commas: np.ndarray  # tokens with a quote and a comma (they may end an item and go on)
 
 
 @lru_cache(maxsize=4)
@@ -169,7 +169,20 @@ def _index(tok: TokenizerInfo) -> _Index:
     keys = token_index(tok)
     digit = np.array([any(48 <= c <= 57 for c in t) for t in keys.bytes])
     quote = np.array([b'"' in t for t in keys.bytes])
-    return _Index(keys.bytes, np.flatnonzero(digit), np.flatnonzero(digit & quote), keys)
+    comma = np.array([b"," in t for t in keys.bytes])
+    starts: dict[bytes, list[int]] = {}
+    for i, t in enumerate(keys.bytes):
+        for head in {t[:1], t[:2]} - {b""}:
+            starts.setdefault(head, []).append(i)
+    return _Index(
+        keys.bytes,
+        np.flatnonzero(digit),
+        np.flatnonzero(digit & quote),
+        keys,
+        {k: np.asarray(v, dtype=np.int64) for k, v in starts.items()},
+        np.flatnonzero(comma),
+        np.flatnonzero(comma & quote),
+    )
 
 
 class ValueChecksMatcher(ScanningMatcher):
@@ -198,9 +211,13 @@ class ValueChecksMatcher(ScanningMatcher):
         checked number, every token the backend allows; else a number needs a digit, and a
         string item the quote that closes it (to repeat one it holds, exactly that item's rest
         before it), or two quotes to open and close one."""
-        if (state.mode == _NUMBER and state.checked) or self._in_listed(state):
+        if state.mode == _NUMBER and state.checked:
             allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
             return allowed[allowed < len(self._index.bytes)]
+        if self._in_listed(state):
+            ids = self._listed_candidates(state)
+            ids = ids[(words[ids >> 5] & (np.uint32(1) << (ids & 31).astype(np.uint32))) != 0]
+            return np.unique(ids)
         fraction, unique = self._kinds
         index, keys = self._index, self._index.keys
         in_string = state.mode in (_KEY, _STRING)
@@ -213,10 +230,33 @@ class ValueChecksMatcher(ScanningMatcher):
         return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def _in_listed(self, state: Scan) -> bool:
-        """Directly inside an array whose items are listed strings (or one of its items): any
-        token the backend allows may start or spell an item it holds, or a further item."""
+        """Directly inside an array whose items are listed strings, or one of its items."""
         top = state.stack[-1] if state.stack else None
         return top is not None and top[2] is not None and self._sites.listed[top[0]] is not None
+
+    def _listed_candidates(self, state: Scan) -> np.ndarray:
+        """Inside an array of listed strings, the tokens that may spell toward only strings it
+        holds, or add an item when it holds them all (a superset): those that go on toward a
+        held string (its next byte, or the quote that ends it), that open an item, that end
+        one and go on, or that have a comma once at most one string is left."""
+        index, (at, _, held) = self._index, state.stack[-1]
+        listed = self._sites.listed[at]
+        parts = [index.quote_commas]
+        if len(held) + 1 >= len(listed.spelling):  # type: ignore[union-attr, arg-type]
+            parts.append(index.commas)
+        inside = state.mode == _STRING and state.checked
+        heads = set()
+        for h in held:  # type: ignore[union-attr]
+            spelt = listed.spelling[h] + b'"'  # type: ignore[union-attr]
+            if not inside:  # an item opened by the token, then spelt toward `h`
+                heads.add(b'"' + spelt[:1])
+            elif spelt.startswith(state.text):
+                heads.add(spelt[len(state.text) : len(state.text) + 1])
+        if held and not inside:
+            heads.update(bytes((w,)) for w in _WHITESPACE)
+        empty = np.zeros(0, dtype=np.int64)
+        parts += [index.starts.get(head, empty) for head in heads]
+        return np.concatenate(parts)
 
     def _closing(self, state: Scan) -> np.ndarray:
         """Inside a string item: the tokens that close it as one its array holds, or that close

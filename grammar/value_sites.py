@@ -26,11 +26,12 @@ per property name the state's schemas declare, plus one for every other key) or 
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from corral.grammar.value_modes import (
     FRACTION,
@@ -55,16 +56,38 @@ __all__ = [
 MAX_STATES = 4096
 
 
+class Listed(NamedTuple):
+    """The strings the items of a unique array are listed from: each one's bytes as the
+    backend spells it (``spelling``), and those bytes sorted (``sorted``, for prefix ranges)."""
+
+    spelling: dict[str, bytes]
+    sorted: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, values: frozenset[str]) -> Listed:
+        spelling = {v: json.dumps(v, ensure_ascii=False)[1:-1].encode() for v in values}
+        return cls(spelling, tuple(sorted(spelling.values())))
+
+    def any_left(self, held: frozenset[str], typed: bytes | None) -> bool:
+        """Whether a string not in ``held`` is spelt from ``typed`` (None: any string)."""
+        if typed is None:
+            return len(self.spelling) > len(held)
+        lo = bisect.bisect_left(self.sorted, typed)
+        hi = bisect.bisect_left(self.sorted, typed + b"\xff")  # UTF-8 has no 0xff byte
+        taken = sum(1 for h in held if self.spelling.get(h, b"").startswith(typed))
+        return hi - lo > taken
+
+
 @dataclass
 class Sites:
     """The automaton: state 0 is the root. ``fraction[s]``: a number there must not be an
     integer; ``unique[s]``: an array there must not repeat an item; ``listed[s]``: for such an
-    array whose items are listed strings, each (string, the bytes the backend spells it with),
-    else None (open strings)."""
+    array whose items are listed strings, those strings (:class:`Listed`), else None (open
+    strings)."""
 
     fraction: list[bool] = field(default_factory=list)
     unique: list[bool] = field(default_factory=list)
-    listed: list[tuple[tuple[str, bytes], ...] | None] = field(default_factory=list)
+    listed: list[Listed | None] = field(default_factory=list)
     keys: list[dict[str, int]] = field(default_factory=list)
     other: list[int] = field(default_factory=list)
     index: list[list[int]] = field(default_factory=list)
@@ -207,8 +230,7 @@ class _Builder:
                 "the items of an array that must not repeat one may be other than open strings "
                 "or one list of strings",
             )
-        spelt = ((v, json.dumps(v, ensure_ascii=False)[1:-1].encode()) for v in sorted(listed))
-        s.listed[state] = tuple(spelt)
+        s.listed[state] = Listed.of(listed)
 
     def _listed(self, term: Term) -> frozenset[str] | None:
         """The strings every item at a position is one of, when all its schemas list the
