@@ -14,8 +14,10 @@ checks are exact there, and :class:`SiteConflict` names the mark that could not 
 
 from __future__ import annotations
 
+import bisect
+import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The mark the analysis puts on ``{"type": "number"}`` for "a number that is not an integer"
 #: (its value: the JSON pointer of the keyword that needed it).
@@ -35,6 +37,28 @@ _LISTED_KEYS = frozenset(("enum", "const"))
 _LISTED = _LISTED_KEYS | {"type"}
 
 Mode = tuple[int, str]
+
+
+class Listed(NamedTuple):
+    """The strings the items of a unique array are listed from: each one's bytes as the
+    backend spells it (``spelling``), and those bytes sorted (``sorted``, for prefix ranges)."""
+
+    spelling: dict[str, bytes]
+    sorted: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, values: frozenset[str]) -> Listed:
+        spelling = {v: json.dumps(v, ensure_ascii=False)[1:-1].encode() for v in values}
+        return cls(spelling, tuple(sorted(spelling.values())))
+
+    def any_left(self, held: frozenset[str], typed: bytes | None) -> bool:
+        """Whether a string not in ``held`` is spelt from ``typed`` (None: any string)."""
+        if typed is None:
+            return len(self.spelling) > len(held)
+        lo = bisect.bisect_left(self.sorted, typed)
+        hi = bisect.bisect_left(self.sorted, typed + b"\xff")  # UTF-8 has no 0xff byte
+        taken = sum(1 for h in held if self.spelling.get(h, b"").startswith(typed))
+        return hi - lo > taken
 
 
 class SiteConflict(Exception):

@@ -26,17 +26,16 @@ per property name the state's schemas declare, plus one for every other key) or 
 
 from __future__ import annotations
 
-import bisect
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from corral.grammar.value_modes import (
     FRACTION,
     MARKS,
     UNIQUE,
+    Listed,
     Modes,
     SiteConflict,
 )
@@ -54,28 +53,6 @@ __all__ = [
 
 #: Most automaton states a schema may need (each is one position class of its instances).
 MAX_STATES = 4096
-
-
-class Listed(NamedTuple):
-    """The strings the items of a unique array are listed from: each one's bytes as the
-    backend spells it (``spelling``), and those bytes sorted (``sorted``, for prefix ranges)."""
-
-    spelling: dict[str, bytes]
-    sorted: tuple[bytes, ...]
-
-    @classmethod
-    def of(cls, values: frozenset[str]) -> Listed:
-        spelling = {v: json.dumps(v, ensure_ascii=False)[1:-1].encode() for v in values}
-        return cls(spelling, tuple(sorted(spelling.values())))
-
-    def any_left(self, held: frozenset[str], typed: bytes | None) -> bool:
-        """Whether a string not in ``held`` is spelt from ``typed`` (None: any string)."""
-        if typed is None:
-            return len(self.spelling) > len(held)
-        lo = bisect.bisect_left(self.sorted, typed)
-        hi = bisect.bisect_left(self.sorted, typed + b"\xff")  # UTF-8 has no 0xff byte
-        taken = sum(1 for h in held if self.spelling.get(h, b"").startswith(typed))
-        return hi - lo > taken
 
 
 @dataclass
