@@ -330,11 +330,11 @@ class PartialJson(CharStream):
         if not _unique([node]):
             return None
         taken = set(f.held)
-        if inner is not None and inner.kind == "string":
-            item = self.closer.child(node, f.count)
-            finished = finish_string(inner, item, f.held)
-            if finished is not None:
-                taken.add(finished[1])
+        if inner is not None and inner.kind == "string":  # finished as its shortest branch
+            ends = (finish_string(inner, b, f.held) for b in inner.schemas)
+            found = [e for e in ends if e is not None]
+            if found:
+                taken.add(min(found, key=lambda e: len(e[0]))[1])
         return taken
 
 

@@ -204,9 +204,9 @@ class JsonCloser:
         out = []
         for i in range(start, start + count):
             item = self.resolve(self.child(node, i))
-            listed = _listed(item)
+            listed = self._listed_strings(item)
             if listed is not None:
-                free = [v for v in listed if isinstance(v, str) and v not in taken]
+                free = [v for v in listed if v not in taken]
                 if not free:
                     return None
                 text = min(free, key=lambda v: (len(self.dumps(v)), v))
@@ -219,6 +219,15 @@ class JsonCloser:
             taken.add(text)
             out.append(self.dumps(text))
         return out
+
+    def _listed_strings(self, node: Schema, depth: int = 0) -> list[str] | None:
+        """The strings `node` lists (`enum`/`const`, or an `anyOf` of such), else None."""
+        node = self.resolve(node)
+        if isinstance(node, dict) and set(node) - {"type"} == {"anyOf"} and depth < 16:
+            found = [self._listed_strings(b, depth + 1) for b in node["anyOf"]]
+            return None if None in found else [v for f in found for v in f]  # type: ignore[union-attr]
+        listed = _listed(node)
+        return None if listed is None else [v for v in listed if isinstance(v, str)]
 
     def required_members(
         self, node: Schema, present: Iterable[str]

@@ -132,6 +132,10 @@ class Modes:
         ``const`` of strings, at most ``type: string`` beside), else None."""
         if isinstance(node, dict) and set(node) == {"$ref"} and depth < 16:
             return self.listed_strings(self._target(node["$ref"]), depth + 1)
+        if isinstance(node, dict) and set(node) - {"type"} == {"anyOf"} and depth < 16:
+            # one value's branches: it is one of the strings some branch lists
+            found = [self.listed_strings({**b, **_typed(node)}, depth + 1) for b in node["anyOf"]]
+            return None if None in found else frozenset().union(*found)  # type: ignore[arg-type]
         if not isinstance(node, dict) or set(node) - _LISTED or not _LISTED_KEYS & set(node):
             return None
         if node.get("type", "string") not in ("string", ["string"]):
@@ -238,6 +242,10 @@ def _both(a: tuple[int, str], b: tuple[int, str]) -> tuple[int, str]:
     if y in (_FRACTION, _MIXED, _CONFLICT):
         return _CONFLICT, pointer
     return (_LIMITED, "") if _LIMITED in (x, y) else (_INT, "")
+
+
+def _typed(node: dict) -> dict:
+    return {"type": node["type"]} if "type" in node else {}
 
 
 def _either(a: tuple[int, str], b: tuple[int, str]) -> tuple[int, str]:

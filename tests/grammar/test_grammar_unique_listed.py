@@ -199,3 +199,26 @@ def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(llama3_tokenizer
                 break
             assert m.accept(pick)
     assert checked > 200
+
+
+def test_an_item_of_one_of_several_lists_is_one_of_their_union(llama3_tokenizer):
+    """`items: {anyOf: [enum, enum]}` lists the union of the branches: checked like one list."""
+    schema = {
+        "type": "array",
+        "items": {"anyOf": [{"enum": ["a", "b", "c"]}, {"enum": ["d", "e", "f", "a"]}]},
+        "uniqueItems": True,
+        "minItems": 4,
+    }
+    c = _compile(schema, llama3_tokenizer)
+    assert any(r.rewrite == UNIQUE_CHECK_LISTED for r in c.rewrites)
+    judge = Draft202012Validator(schema)
+    for items in (["a", "d", "b", "f"], ["a", "d", "a", "f"], list("abcdef"), [*"abcdef", "a"]):
+        text = json.dumps(items, separators=(",", ":"))
+        assert _accepts(c, text, llama3_tokenizer) is judge.is_valid(items), text
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    partial, text = closer.start(), '["f","a","'
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        full = text[: i + 1] + partial.closing()[0]
+        assert judge.is_valid(json.loads(full)) and _accepts(c, full, llama3_tokenizer), full
+    assert_walks_valid_without_repeats(c.matcher, schema, llama3_tokenizer, 20, 60)
