@@ -238,14 +238,18 @@ class ValueChecksMatcher(ScanningMatcher):
         """Inside an array of listed strings, the tokens that may spell toward only strings it
         holds, or add an item when it holds them all (a superset): those that go on toward a
         held string (its next byte, or the quote that ends it), that open an item, that end
-        one and go on, or that have a comma once at most one string is left."""
+        one and go on, that have a comma once at most one string is left, and those that
+        begin or continue an escape (the backend also takes spellings such as `\\u000a`,
+        which the check refuses: only the listed spellings lead to a listed string)."""
         index, (at, _, held) = self._index, state.stack[-1]
         listed = self._sites.listed[at]
         parts = [index.quote_commas]
         if len(held) + 1 >= len(listed.spelling):  # type: ignore[union-attr, arg-type]
             parts.append(index.commas)
         inside = state.mode == _STRING and state.checked
-        heads = set()
+        if inside and b"\\" in state.text[-6:]:  # within an escape: the backend may take other
+            return np.arange(len(index.bytes))  # spellings (`\\u000a`) than the listed ones
+        heads = {b"\\"} if inside else {b'"\\'}  # an escape may be spelt otherwise
         for h in held:  # type: ignore[union-attr]
             spelt = listed.spelling[h] + b'"'  # type: ignore[union-attr]
             if not inside:  # an item opened by the token, then spelt toward `h`
