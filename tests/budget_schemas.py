@@ -144,3 +144,16 @@ def container(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
 SCHEMAS = st.recursive(leaf(), container, max_leaves=6).filter(
     lambda s: "type" in s or "anyOf" in s
 )
+
+
+#: found by hypothesis: after `{"a": true,` the branch needing `b_c` is closed, since `b_c` is
+#: declared before `a` and the grammar writes declared properties in order
+OUT_OF_ORDER = {
+    "type": "object",
+    "properties": {
+        "b_c": {"type": "boolean"},
+        "a": {"type": "boolean"},
+        "id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+    },
+    "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
+}

@@ -10,7 +10,7 @@ import json
 import jsonschema
 import pytest
 import torch
-from budget_schemas import SCHEMAS
+from budget_schemas import OUT_OF_ORDER, SCHEMAS
 from engine_helpers import chat, make_engine
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -23,17 +23,6 @@ from corral.grammar.spec import JsonFormat
 from corral.grammar.walk import accepts
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
-#: found by hypothesis: after `{"a": true,` the branch needing `b_c` is closed, since `b_c` is
-#: declared before `a` and the grammar writes declared properties in order
-OUT_OF_ORDER = {
-    "type": "object",
-    "properties": {
-        "b_c": {"type": "boolean"},
-        "a": {"type": "boolean"},
-        "id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
-    },
-    "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
-}
 #: filled items must differ from those written (and the item being written)
 UNIQUE_TAGS = {
     "type": "object",

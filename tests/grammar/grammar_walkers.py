@@ -15,6 +15,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -220,3 +221,30 @@ def assert_walks_valid_without_repeats(
         instance = json.loads(decode(tok, w.tokens), object_pairs_hook=no_repeats)
         assert judge.is_valid(instance), (decode(tok, w.tokens), schema)
     assert done >= 4
+
+
+def assert_closings_valid(
+    schema: dict, compiled: Any, text: str, tok: TokenizerInfo, *, always: bool = False
+) -> int:
+    """Feed ``text`` to the schema's budget closer one character at a time: every closing it
+    finds completes the text into an instance of ``schema`` (jsonschema) that ``compiled``'s
+    matcher accepts. ``always``: a closing must be found after every character. Returns how
+    many closings were found."""
+    from corral.grammar import ConstraintSpec
+    from corral.grammar.shortest import JsonCloser
+    from corral.grammar.walk import accepts
+
+    judge = Draft202012Validator(schema)
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    partial, found_n = JsonCloser.for_spec(ConstraintSpec.json_schema(schema)).start(), 0
+    for i, ch in enumerate(text):
+        partial.feed(ch)
+        found = partial.closing()
+        assert found is not None or not always, text[: i + 1]
+        if found is None:
+            continue
+        full = text[: i + 1] + found[0]
+        assert judge.is_valid(json.loads(full)), full
+        assert accepts(compiled.matcher(), tok.encode(full), bitmask), full
+        found_n += 1
+    return found_n

@@ -9,7 +9,8 @@ import json
 
 import pytest
 import torch
-from budget_schemas import AREA, SCHEMAS, TAGGED
+from budget_schemas import AREA, OUT_OF_ORDER, SCHEMAS, TAGGED
+from grammar_walkers import assert_closings_valid
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
@@ -197,32 +198,11 @@ def test_a_closing_never_follows_a_branch_the_text_has_ruled_out(schema, text):
             assert judge.is_valid(json.loads(text[: i + 1] + found[0])), text[: i + 1] + found[0]
 
 
-#: `b_c` is declared before `a`: once `a` is written, only the branch needing `id` can close
-OUT_OF_ORDER = {
-    "type": "object",
-    "properties": {
-        "b_c": {"type": "boolean"},
-        "a": {"type": "boolean"},
-        "id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
-    },
-    "oneOf": [{"required": ["a", "b_c"]}, {"required": ["a", "id"]}],
-}
-
-
 def test_a_closing_keeps_the_declared_order_the_grammar_writes(llama3_tokenizer):
     """Found by hypothesis (the budget test with the real model): after `{"a":true,` the closer
     proposed `"b_c":true}`, which the grammar refuses, so the output was cut."""
-    spec = ConstraintSpec.json_schema(OUT_OF_ORDER)
-    compiled = compile_constraint(spec, llama3_tokenizer)
-    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
-    partial, text, closed = JsonCloser.for_spec(spec).start(), '{"a":true,', 0
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        found = partial.closing()
-        if found is not None:
-            full = text[: i + 1] + found[0]
-            assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(full), bitmask), full
-            closed += 1
+    compiled = compile_constraint(ConstraintSpec.json_schema(OUT_OF_ORDER), llama3_tokenizer)
+    closed = assert_closings_valid(OUT_OF_ORDER, compiled, '{"a":true,', llama3_tokenizer)
     assert closed >= 3  # after `{"a":`, `{"a":true` and `{"a":true,`
 
 
@@ -260,15 +240,6 @@ def test_a_pattern_key_begun_is_finished_by_its_pattern(llama3_tokenizer):
         "required": ["devices"],
     }
     schema["properties"]["devices"]["patternProperties"] = {"^[0-9a-f]{4}$": {"type": "integer"}}
-    spec = ConstraintSpec.json_schema(schema)
-    compiled = compile_constraint(spec, llama3_tokenizer)
-    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
     text = '{"devices":{"0a1f":1,"b'
-    partial = JsonCloser.for_spec(spec).start()
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        found = partial.closing()
-        assert found is not None, text[: i + 1]
-        full = text[: i + 1] + found[0]
-        assert Draft202012Validator(schema).is_valid(json.loads(full)), full
-        assert walk_accepts(compiled.matcher(), llama3_tokenizer.encode(full), bitmask), full
+    assert_closings_valid(schema, compiled, text, llama3_tokenizer, always=True)

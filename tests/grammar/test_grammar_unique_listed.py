@@ -13,7 +13,12 @@ import json
 
 import pytest
 import torch
-from grammar_walkers import allowed_ids, assert_walks_valid_without_repeats, decode
+from grammar_walkers import (
+    allowed_ids,
+    assert_closings_valid,
+    assert_walks_valid_without_repeats,
+    decode,
+)
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
@@ -114,16 +119,8 @@ def test_budget_closings_pick_strings_not_held(items, llama3_tokenizer):
     c = _compile(PICK, llama3_tokenizer)
     closer = JsonCloser.for_spec(ConstraintSpec.json_schema(PICK))
     assert JUDGE.is_valid(json.loads(closer.shortest(closer.root)))
-    text, partial, closed = _tags(items), closer.start(), 0
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        found = partial.closing()
-        if found is not None:
-            full = text[: i + 1] + found[0]
-            assert JUDGE.is_valid(json.loads(full)), full
-            assert _accepts(c, full, llama3_tokenizer), full
-            closed += 1
-    assert closed >= len(text) // 2
+    text = _tags(items)
+    assert assert_closings_valid(PICK, c, text, llama3_tokenizer) >= len(text) // 2
 
 
 def test_refused_where_the_check_would_not_be_exact(llama3_tokenizer):
@@ -148,16 +145,8 @@ def test_closings_are_known_inside_escapes(llama3_tokenizer):
     escaped = ['q"', "q\\", "q\n", "é", "日本", "x y"]
     schema = {"type": "array", "items": {"enum": escaped}, "uniqueItems": True, "minItems": 5}
     c = _compile(schema, llama3_tokenizer)
-    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
     text = json.dumps(["x y", "q\\", "q\n", 'q"', "é"], ensure_ascii=False, separators=(",", ":"))
-    partial = closer.start()
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        found = partial.closing()
-        assert found is not None, text[: i + 1]
-        full = text[: i + 1] + found[0]
-        assert Draft202012Validator(schema).is_valid(json.loads(full)), full
-        assert _accepts(c, full, llama3_tokenizer), full
+    assert_closings_valid(schema, c, text, llama3_tokenizer, always=True)
 
 
 def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(llama3_tokenizer):
@@ -227,10 +216,5 @@ def test_an_item_of_one_of_several_lists_is_one_of_their_union(llama3_tokenizer)
     for items in (["a", "d", "b", "f"], ["a", "d", "a", "f"], list("abcdef"), [*"abcdef", "a"]):
         text = json.dumps(items, separators=(",", ":"))
         assert _accepts(c, text, llama3_tokenizer) is judge.is_valid(items), text
-    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
-    partial, text = closer.start(), '["f","a","'
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        full = text[: i + 1] + partial.closing()[0]
-        assert judge.is_valid(json.loads(full)) and _accepts(c, full, llama3_tokenizer), full
+    assert_closings_valid(schema, c, '["f","a","', llama3_tokenizer, always=True)
     assert_walks_valid_without_repeats(c.matcher, schema, llama3_tokenizer, 20, 60)

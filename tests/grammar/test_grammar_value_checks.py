@@ -15,7 +15,7 @@ from decimal import Decimal
 
 import pytest
 import torch
-from grammar_walkers import TokenTable, decode, steered_walk
+from grammar_walkers import TokenTable, assert_closings_valid, decode, steered_walk
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
@@ -288,16 +288,4 @@ def test_closings_of_unique_arrays_are_distinct_and_accepted(text, llama3_tokeni
     schema = {"type": "object", "properties": {"tags": UNIQUE_TAGS["properties"]["tags"]}}
     schema["properties"]["tags"] = {**schema["properties"]["tags"], "items": {"type": "string"}}
     c = _compile(schema, llama3_tokenizer)
-    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
-    partial, closed = closer.start(), 0
-    for i, ch in enumerate(text):
-        partial.feed(ch)
-        found = partial.closing()
-        if found is None:
-            continue
-        full = text[: i + 1] + found[0]
-        value = json.loads(full)
-        assert Draft202012Validator(schema).is_valid(value), full
-        assert _accepts(c, full, llama3_tokenizer), full
-        closed += 1
-    assert closed >= len(text) // 2
+    assert assert_closings_valid(schema, c, text, llama3_tokenizer) >= len(text) // 2
