@@ -233,7 +233,9 @@ class PartialJson(CharStream):
         inner = self.stack[depth + 1] if depth + 1 < len(self.stack) else None
         above = None if inner is None else inner.kind
         key = (f.kind, f.state, f.keys, f.count, f.key, above, f.pointer, *map(id, f.schemas))
-        if above in ("key", "string") or key not in self._closed:
+        # an array whose items must not repeat depends on the open item's text (`_taken`)
+        fresh = above == "key" or (above == "string" and _unique(f.schemas))
+        if fresh or key not in self._closed:
             options = [self._close_container(f, b, inner) for b in f.schemas]
             if above == "key":
                 return options
