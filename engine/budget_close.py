@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from corral.engine.core import BudgetReport, Sequence
+from corral.grammar.shortest import listed_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -149,9 +150,7 @@ def _char_ends(partial: PartialJson, pending: bytes) -> list[bytes]:
     ends = []
     top = partial.stack[-1] if partial.stack else None
     for node in top.schemas if top is not None and top.kind == "string" else ():
-        listed = [node["const"]] if isinstance(node, dict) and "const" in node else None
-        listed = listed or (node.get("enum") if isinstance(node, dict) else None) or ()
-        for v in listed:
+        for v in listed_values(node) or ():
             if isinstance(v, str) and v.startswith(top.text) and not top.escape:
                 spelt = v[len(top.text) :].encode()
                 if spelt.startswith(pending) and len(spelt) >= size:

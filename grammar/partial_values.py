@@ -19,6 +19,7 @@ from corral.grammar.shortest import (
     fresh_suffix,
     implied_types,
     json_kind,
+    listed_values,
     number_ok,
     search_pattern,
 )
@@ -85,7 +86,7 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
     """The rest of open string `f` (closing quote included) under `node`, and the string it
     makes (not one of `held`); None when there is none."""
     if isinstance(node, dict) and ("const" in node or "enum" in node):
-        return _finish_listed(f, [node["const"]] if "const" in node else node["enum"], held)
+        return _finish_listed(f, listed_values(node), held)  # type: ignore[arg-type]
     head, text = "", f.text
     if f.escape:
         head = finish_escape(f.escape)
@@ -105,9 +106,9 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
 def _listed_numbers(node: Schema, typed: str) -> str | None:
     """For a number `enum`/`const`: the shortest rest of a listed number spelt from `typed`
     (an integral value as an integer, as the backend writes it); None when none is listed."""
-    if not isinstance(node, dict) or not ("enum" in node or "const" in node):
+    values = listed_values(node)
+    if values is None:
         return None
-    values = [node["const"]] if "const" in node else node["enum"]
     spellings = (
         json.dumps(int(v) if isinstance(v, float) and v.is_integer() else v)
         for v in values

@@ -99,7 +99,7 @@ class JsonCloser:
         node = self.resolve(node)
         if node is True:
             return [_ANY]
-        values = _listed(node)
+        values = listed_values(node)
         if values is not None and any(isinstance(v, dict | list) for v in values):
             # objects and arrays in `enum`/`const`: one branch per value, spelt out as a schema
             rest = {k: v for k, v in node.items() if k not in ("enum", "const")}
@@ -226,7 +226,7 @@ class JsonCloser:
         if isinstance(node, dict) and set(node) - {"type"} == {"anyOf"} and depth < 16:
             found = [self._listed_strings(b, depth + 1) for b in node["anyOf"]]
             return None if None in found else [v for f in found for v in f]  # type: ignore[union-attr]
-        listed = _listed(node)
+        listed = listed_values(node)
         return None if listed is None else [v for v in listed if isinstance(v, str)]
 
     def required_members(
@@ -255,7 +255,8 @@ class JsonCloser:
         return json.dumps(value, ensure_ascii=False, separators=(self.comma, self.colon))
 
 
-def _listed(node: Schema) -> list | None:
+def listed_values(node: Schema) -> list | None:
+    """The values an `enum`/`const` node lists, else None."""
     if not isinstance(node, dict):
         return None
     return [node["const"]] if "const" in node else node.get("enum")
