@@ -15,6 +15,7 @@ from corral.grammar.errors import ConstraintError
 from corral.grammar.input_checks import nesting_error
 from corral.grammar.llg_limits import LIMITS, classify, effective_limits, first_line
 from corral.grammar.matcher import Matcher
+from corral.grammar.schema_merges import pattern_keys_first
 from corral.grammar.spec import JsonFormat
 from corral.grammar.tokenizer import TokenizerInfo
 
@@ -51,7 +52,7 @@ def grammar_from_schema(schema: dict[str, Any] | bool, fmt: JsonFormat) -> str:
         schema = {}
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(schema), overrides=json_options(fmt)
+            json.dumps(pattern_keys_first(schema)), overrides=json_options(fmt)
         )
     except ValueError as e:  # llguidance's own JSON reader refused it (e.g. its depth limit)
         raise refusal(str(e), "schema") from None

@@ -89,3 +89,52 @@ def _whole(ref: str, defs: dict) -> bool:
     """Whether ``ref`` names the root or a whole definition (a pointer inside one would not
     survive a rewrite of that definition)."""
     return ref == "#" or (ref.startswith(_DEFS) and ref[len(_DEFS) :] in defs)
+
+
+#: The keywords llguidance merges with the siblings it has read so far.
+_APPLICATORS = frozenset(("allOf", "anyOf", "oneOf"))
+#: Siblings such a merge loses when they come after it.
+_READ_FIRST = ("patternProperties", "additionalProperties")
+
+
+def map_schemas(node: Any, change: Callable[[dict], dict], memo: dict[int, Any]) -> Any:
+    """``node`` with ``change`` applied to each schema node, innermost first (``properties``,
+    ``$defs``, branches, ``items``...; ``const``/``enum`` values are not schemas). Copy-on-write:
+    each shared subtree is mapped once (``memo``, by id), and stays shared."""
+    if not isinstance(node, dict):
+        return node
+    if id(node) in memo:
+        return memo[id(node)]
+    out: dict = {}
+    for key, value in node.items():
+        if key in SCHEMA_MAPS and isinstance(value, dict):
+            value = {k: map_schemas(v, change, memo) for k, v in value.items()}
+        elif key in SCHEMA_LISTS and isinstance(value, list):
+            value = [map_schemas(v, change, memo) for v in value]
+        elif key in SCHEMAS:
+            value = map_schemas(value, change, memo)
+        out[key] = value
+    memo[id(node)] = out = change(out)
+    return out
+
+
+def pattern_keys_first(node: Any) -> Any:
+    """``node`` with ``patternProperties`` and ``additionalProperties`` ahead of every
+    ``allOf``/``anyOf``/``oneOf`` of the same schema.
+
+    llguidance (1.x) merges an applicator with the sibling keywords read before it, and pattern
+    keys read after it are lost to the merge: ``{"additionalProperties": false, "allOf":
+    [{"required": ["a"]}], "patternProperties": {"^a$": true}}`` is refused as unsatisfiable,
+    while the same schema with ``patternProperties`` first compiles. Nothing else moves: the
+    order of ``properties`` against an ``allOf`` decides which keys the backend lays out first."""
+    return map_schemas(node, _pattern_keys_first, {})
+
+
+def _pattern_keys_first(node: dict) -> dict:
+    keys = list(node)
+    first = next((i for i, k in enumerate(keys) if k in _APPLICATORS), len(keys))
+    late = [k for k in keys[first:] if k in _READ_FIRST]
+    if not late:
+        return node
+    order = keys[:first] + late + [k for k in keys[first:] if k not in _READ_FIRST]
+    return {k: node[k] for k in order}

@@ -112,3 +112,54 @@ def test_merged_properties_keep_the_order_the_schema_writes(where, holder_first,
     assert _accepts(c, json.dumps(written, separators=(",", ":")), llama3_tokenizer)
     assert not _accepts(c, '{"ast":"B","type":"R","data":"x"}', llama3_tokenizer)
     assert not _accepts(c, '{"type":"R","data":"x","ast":"B"}', llama3_tokenizer)
+
+
+@pytest.mark.parametrize("applicator", ["allOf", "anyOf", "oneOf"])
+def test_pattern_keys_written_after_an_applicator_still_apply(applicator, llama3_tokenizer):
+    """llguidance merges an applicator with the keywords read before it; `patternProperties`
+    written after it was lost to the merge, so a satisfiable schema was refused as
+    "unsatisfiable" (MaskBench Handwritten---dep7). The backend now reads pattern keys first."""
+    from jsonschema import Draft202012Validator
+
+    from corral.grammar.schema_merges import pattern_keys_first
+
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        applicator: [{"required": ["a"]}],
+        "patternProperties": {"^[a-c]$": {"type": "integer"}},
+        "maxProperties": 2,
+    }
+    assert list(pattern_keys_first(schema))[:3] == [
+        "type",
+        "additionalProperties",
+        "patternProperties",
+    ]
+    c = _compile(schema, llama3_tokenizer)
+    judge = Draft202012Validator(schema)
+    for text in ('{"a":1}', '{"a":1,"c":2}', '{"a":2,"b":1}'):  # required keys come first
+        assert judge.is_valid(json.loads(text)) and _accepts(c, text, llama3_tokenizer), text
+    for text in ('{"b":1}', '{"a":"x"}', '{"a":1,"d":2}', '{"a":1,"b":2,"c":3}', "{}"):
+        assert not judge.is_valid(json.loads(text)), text
+        assert not _accepts(c, text, llama3_tokenizer), text
+    assert_walks_valid_without_repeats(c.matcher, schema, llama3_tokenizer, 12, 60)
+
+
+def test_pattern_keys_first_moves_nothing_else():
+    """Only pattern and additional keys move: `properties` against an `allOf` is the order the
+    backend lays keys out in (test above), and shared subtrees are copied once."""
+    from corral.grammar.schema_merges import pattern_keys_first
+
+    shared = {"anyOf": [{"type": "string"}], "patternProperties": {"x": {}}}
+    schema = {
+        "allOf": [{"properties": {"p": {}}}],
+        "properties": {"q": shared, "r": shared},
+        "additionalProperties": shared,
+        "enum": [{"allOf": 1, "patternProperties": 2}],
+    }
+    out = pattern_keys_first(schema)
+    assert list(out) == ["additionalProperties", "allOf", "properties", "enum"]
+    assert list(out["properties"]["q"]) == ["patternProperties", "anyOf"]
+    assert out["properties"]["q"] is out["properties"]["r"] is out["additionalProperties"]
+    assert list(out["enum"][0]) == ["allOf", "patternProperties"]  # a value, not a schema
+    assert list(schema) == ["allOf", "properties", "additionalProperties", "enum"]  # a copy
