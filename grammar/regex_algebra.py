@@ -82,6 +82,31 @@ def never_runs_out(pattern: str) -> bool | None:
     return all(q in cyclic or reach[q] & cyclic for q in {dfa.initial} | reach[dfa.initial])
 
 
+def backend_never_runs_out(regex: str) -> bool | None:
+    """`never_runs_out` for a regex in the backend's dialect as `translate_regex` prints it
+    (classes spelt as ranges, code points as ``\\x{..}``): read back as the Python pattern of the
+    same language, so that a check can be decided from the backend's grammar alone."""
+    return never_runs_out(python_of_backend(regex))
+
+
+def python_of_backend(regex: str) -> str:
+    """The Python spelling of a printed backend regex: ``\\x{h}`` becomes ``\\U`` with eight
+    digits; every other escape and construct is spelt alike in both dialects."""
+    out, i = [], 0
+    while i < len(regex):
+        if regex.startswith("\\x{", i):
+            end = regex.index("}", i)
+            out.append(f"\\U{int(regex[i + 3 : end], 16):08x}")
+            i = end + 1
+        elif regex[i] == "\\":
+            out.append(regex[i : i + 2])
+            i += 2
+        else:
+            out.append(regex[i])
+            i += 1
+    return "".join(out)
+
+
 def _reachable(start: object, edges: dict) -> set:
     seen: set = set()
     stack = list(edges[start])

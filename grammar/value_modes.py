@@ -19,6 +19,8 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from corral.grammar.regex_algebra import backend_never_runs_out
+
 #: The mark the analysis puts on ``{"type": "number"}`` for "a number that is not an integer"
 #: (its value: the JSON pointer of the keyword that needed it).
 FRACTION = "x-corral-fraction"
@@ -30,8 +32,9 @@ _NONE, _FREE, _INT, _LIMITED, _FRACTION, _MIXED, _CONFLICT = range(7)
 _PLAIN, _UNIQUE = 1, 2  # array modes, with _NONE and _MIXED
 FRACTION_MODE, UNIQUE_MODE = _FRACTION, _UNIQUE
 _NUMERIC = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-#: the keywords an open string item may have (it can always grow into a new string)
-_OPEN_STRING = frozenset(("type", "minLength"))
+#: the keywords an open string item may have (it can always grow into a new string; a
+#: ``pattern`` only where every prefix it allows extends to infinitely many strings)
+_OPEN_STRING = frozenset(("type", "minLength", "pattern"))
 #: the keywords of a listed string item (``Modes.listed_strings``)
 _LISTED_KEYS = frozenset(("enum", "const"))
 _LISTED = _LISTED_KEYS | {"type"}
@@ -113,7 +116,9 @@ class Modes:
 
     def open_string(self, node: Any, depth: int = 0) -> bool:
         """Whether ``node`` admits only strings, and every string prefix it allows can still be
-        finished as infinitely many strings (so a duplicate can always be avoided)."""
+        finished as infinitely many strings (so a duplicate can always be avoided): no bound
+        but a ``minLength``, and a ``pattern`` (the backend's regex) only where its automaton
+        never runs out of continuations (``regex_algebra.backend_never_runs_out``)."""
         if isinstance(node, dict) and "$ref" in node and depth < 16:
             rest = {k: v for k, v in node.items() if k != "$ref"}
             return self.open_string(self._target(node["$ref"]), depth + 1) and (
@@ -122,6 +127,8 @@ class Modes:
         if not isinstance(node, dict) or depth >= 16:
             return False
         if set(node) - _OPEN_STRING - {"allOf"} or node.get("type") != "string":
+            return False
+        if "pattern" in node and backend_never_runs_out(node["pattern"]) is not True:
             return False
         return all(
             _neutral(sub) or self.open_string(sub, depth + 1) for sub in node.get("allOf", ())

@@ -289,3 +289,51 @@ def test_closings_of_unique_arrays_are_distinct_and_accepted(text, llama3_tokeni
     schema["properties"]["tags"] = {**schema["properties"]["tags"], "items": {"type": "string"}}
     c = _compile(schema, llama3_tokenizer)
     assert assert_closings_valid(schema, c, text, llama3_tokenizer) >= len(text) // 2
+
+
+def test_patterned_string_items_never_repeat_where_the_pattern_never_runs_out(llama3_tokenizer):
+    """A ``pattern`` whose every allowed prefix extends to infinitely many strings keeps the
+    check exact (a new item can always be written: walks finish and stay distinct); one that
+    can run out (``^#[0-9a-f]{2}$``: "#ff" may be the only item left) is refused up front."""
+    tok = llama3_tokenizer
+    table, rng = TokenTable.cached(tok), random.Random(7)
+    for pattern in ("^[a-z]+$", "^id-[0-9]+$", "^x", "^(?:https?://[a-z]+|<all>)"):
+        schema = {
+            "type": "array",
+            "items": {"type": "string", "pattern": pattern},
+            "uniqueItems": True,
+            "minItems": 3,
+        }
+        c = _compile(schema, tok)
+        assert any(r.rewrite == UNIQUE_CHECK for r in c.rewrites), pattern
+        done = 0
+        for _ in range(8):
+            w = steered_walk(c.matcher(), table, rng, max_tokens=120, end_bias=0.7, steer=0.7)
+            if w.terminated:
+                done += 1
+                value = json.loads(decode(tok, w.tokens))
+                assert Draft202012Validator(schema).is_valid(value), (pattern, value)
+        assert done >= 2, pattern
+    c = _compile(
+        {"type": "array", "items": {"type": "string", "pattern": "^[ab]+$"}, "uniqueItems": True},
+        tok,
+    )
+    assert not _accepts(c, '["ab","b","ab"]', tok) and _accepts(c, '["ab","b","abb"]', tok)
+    m = c.matcher()
+    for t in tok.encode('["a","b","ab","a'):
+        assert m.accept(t)
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    m.fill_mask(bitmask, 0)  # "a" is held: the item cannot close, but can go on
+    assert not _allowed(bitmask, tok.encode('"]')[0]) and _allowed(bitmask, tok.encode("b")[0])
+    for finite in ("^#[0-9a-f]{2}$", "^(?:on|off)$", "^a+b$"):
+        bounded = {
+            "type": "array",
+            "items": {"type": "string", "pattern": finite},
+            "uniqueItems": True,
+        }
+        with pytest.raises(ConstraintError):
+            _compile(bounded, tok)
+
+
+def _allowed(bitmask: torch.Tensor, token: int) -> bool:
+    return bool((int(bitmask[0, token >> 5]) >> (token & 31)) & 1)

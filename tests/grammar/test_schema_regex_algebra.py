@@ -16,8 +16,18 @@ import pytest
 from test_grammar_walks import _walk_schema
 
 from corral.grammar import ConstraintError, JsonFormat
-from corral.grammar.regex_algebra import complement, disjoint, matches, never_runs_out, regular
+from corral.grammar.regex_algebra import (
+    backend_never_runs_out,
+    complement,
+    disjoint,
+    matches,
+    never_runs_out,
+    python_of_backend,
+    regular,
+)
+from corral.grammar.regex_translate import translate_regex
 from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.schema_patterns import exact_shorthands
 
 PATTERNS = [
     "APPROVER",
@@ -152,6 +162,8 @@ def test_never_runs_out_against_brute_force(pattern, endless):
     has none (checked on the backend's form of `pattern`, whose `$` is the end of the text,
     over short strings of a small alphabet)."""
     assert never_runs_out(pattern) is endless
+    if "(?" not in pattern:  # as the backend gets it (look-arounds are never translated)
+        assert backend_never_runs_out(translate_regex(pattern)) is endless
     backend = re.compile(pattern.replace("$", "\\Z"))
     alphabet = "ab_x1"
     short = ["".join(t) for n in range(4) for t in itertools.product(alphabet, repeat=n)]
@@ -160,3 +172,14 @@ def test_never_runs_out_against_brute_force(pattern, endless):
     assert matching
     stuck = [w for w in matching if not any(backend.search(w + t) for t in tails)]
     assert bool(stuck) is not endless, (pattern, stuck[:3])
+
+
+def test_backend_regexes_read_back_as_the_same_language():
+    """`python_of_backend` reads a translated regex (``\\x{..}`` code points, spelt-out classes)
+    back as Python: the same strings match as with the pattern it was translated from."""
+    strings = _strings(random.Random(5), 800) + ["\\", "x{5c}", "a\\x{", "é", "\U0001f600"]
+    translatable = [p for p in PATTERNS if "(?=" not in p and "(?!" not in p and "(?<" not in p]
+    for pattern in [*translatable, "\\\\x\\{", "[\\\\{}]+", "é|\U0001f600", "^[^a-c\\]]*$"]:
+        back = re.compile(python_of_backend(translate_regex(exact_shorthands(pattern))))
+        for text in strings:
+            assert bool(back.search(text)) == bool(re.search(pattern, text)), (pattern, text)
