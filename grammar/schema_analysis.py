@@ -224,7 +224,7 @@ class _Analyzer:
         origin = [f"allOf/{i}" for i in range(len(own))] + origin
         if conjuncts:
             out["allOf"] = conjuncts
-            folded = fold_finite(out, self.lookup, self.defs, self.patterns.judge_sources())
+            folded = self.fold(out)
             if folded is not None:
                 self.record(pointer, origin[0].split("/")[0], log.FOLDED_ENUM)
                 return {"enum": folded} if folded else False
@@ -234,6 +234,11 @@ class _Analyzer:
                 return out
         out.pop("allOf", None)  # lenient mode dropped every conjunct
         return out
+
+    def fold(self, out: dict) -> list | None:
+        """The values analysed node `out` accepts when its conjuncts bound it to a small finite
+        domain (``schema_fold``); None otherwise."""
+        return fold_finite(out, self.lookup, self.defs, self.patterns.judge_sources())
 
     def _guard_min_properties(self, out: dict, pointer: str) -> None:
         """The backend counts a repeated free-form key (additional or pattern properties) towards

@@ -35,7 +35,7 @@ def fold_finite(
     (backend regex -> Python pattern) is None because a regex's source is ambiguous."""
     if sources is None:
         return None
-    domain = _domain(out, lookup)
+    domain = finite_domain(out, lookup)
     if domain is None or len(domain) > MAX_DOMAIN:
         return None
     used: set[str] = set()
@@ -48,7 +48,7 @@ def fold_finite(
     return [v for v in domain if judge.is_valid(v)]
 
 
-def _domain(out: dict, lookup: Callable[[str], dict | bool | None]) -> list | None:
+def finite_domain(out: dict, lookup: Callable[[str], dict | bool | None]) -> list | None:
     """Intersection of the finite value sets found on `out` and its direct conjuncts."""
     sets = []
     for part in [out, *out.get("allOf", ())]:

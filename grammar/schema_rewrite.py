@@ -39,6 +39,7 @@ from corral.grammar.schema_facts import (
     json_equal,
     types_of,
 )
+from corral.grammar.schema_fold import finite_domain
 from corral.grammar.value_modes import UNIQUE, Modes
 
 _APPLICATORS = frozenset(
@@ -133,18 +134,25 @@ class KeywordRewrites:
             self.a.record(where, "oneOf", log.ONE_OF_DISJOINT)
             return
         within = types
-        options = []
+        options: list = []
         for i, branch in enumerate(live):
             conj = [branch]
+            # a branch of listed values is settled value by value: a negation that cannot be
+            # written is held for the fold below (`schema_deferred`)
+            finite = finite_domain(branch, self.a.lookup) is not None
             for j, other in enumerate(live):
                 if (min(i, j), max(i, j)) in overlaps and i != j:
                     scope_types = intersect_types(within, types_of(branch)) or within
-                    neg = self.a.negate(other, where, "oneOf", scope_types, branch)
+                    neg = self.a.negate(other, where, "oneOf", scope_types, branch, hold=finite)
                     if neg is None:  # lenient: treated as anyOf, reported
                         extra.append({"anyOf": live})
                         return
                     conj.append(neg)
-            options.append({"allOf": conj})
+            option = {"allOf": conj}
+            folded = self.a.fold(option) if finite else None
+            if folded is not None:
+                self.a.record(f"{where}/{i}", "oneOf", log.FOLDED_ENUM)
+            options.append(option if folded is None else {"enum": folded} if folded else False)
         item = {**restrict, "anyOf": options}
         overlapping = len({k for pair in overlaps for k in pair})
         self.a.describe[id(item)] = f"oneOf with {overlapping} overlapping branches"

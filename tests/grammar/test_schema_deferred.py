@@ -4,11 +4,18 @@ reported, lenient) where they are not. Judged by ``jsonschema`` with the schema 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
+from grammar_walkers import assert_walks_valid_without_repeats
 from jsonschema import Draft202012Validator
 
-from corral.grammar import ConstraintError
+from corral.fuzz.targets import FORMAT
+from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
+from corral.grammar.rewrite_log import FOLDED_ENUM
 from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.walk import accepts
 
 SETTLED = [
     {"allOf": [{"enum": [{"a": 0}, {"a": False}, [1]]}, {"not": {"enum": [{"a": False}]}}]},
@@ -51,3 +58,47 @@ def test_a_held_not_under_another_negation_is_refused_with_its_own_reason():
     with pytest.raises(ConstraintError) as info:
         analyze_schema(schema)
     assert "multipleOf" in info.value.reason
+
+
+ONE_OF_LISTS = [
+    {  # MaskBench Handwritten---key8: arrays listed in each branch, one kept by if/then
+        "type": "array",
+        "oneOf": [
+            {"enum": [[1], [3, 4], [5]]},
+            {"enum": [[1], [1, 2]]},
+            {"$ref": "#/$defs/z"},
+        ],
+        "if": {"minItems": 1},
+        "then": {"minItems": 2, "items": {"exclusiveMaximum": 5}},
+        "$defs": {"z": {"enum": [[1], [3, 4], [5], [{"k": [2]}]]}},
+    },
+    {"oneOf": [{"const": {"a": [1]}}, {"enum": [{"a": [1]}, {"b": 1}, 2]}, {"type": "integer"}]},
+]
+POOL = [[1], [3, 4], [5], [1, 2], [{"k": [2]}], [], {"a": [1]}, {"b": 1}, {"a": [1], "b": 0}, 2, 3]
+
+
+@pytest.mark.parametrize("schema", ONE_OF_LISTS, ids=range(len(ONE_OF_LISTS)))
+def test_a_oneof_branch_of_listed_values_keeps_those_no_other_branch_takes(
+    schema, llama3_tokenizer
+):
+    """A branch that lists its values needs no negation the backend can take: each value is
+    kept when the judge finds it in that branch alone (before: "negating an array value in
+    enum/const is not supported"). The compiled grammar accepts exactly the judge's values."""
+    tok = llama3_tokenizer
+    plan = analyze_schema(schema)
+    assert any(r.rewrite == FOLDED_ENUM for r in plan.rewrites)
+    judge = Draft202012Validator(schema)
+    c = compile_constraint(ConstraintSpec.json_schema(schema, json_format=FORMAT), tok)
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    assert any(judge.is_valid(v) for v in POOL)
+    for value in POOL:
+        text = json.dumps(value, separators=(", ", ": "))
+        assert accepts(c.matcher(), tok.encode(text), bitmask) == judge.is_valid(value), text
+    assert_walks_valid_without_repeats(c.matcher, schema, tok, 8, 40)
+
+
+def test_a_oneof_branch_that_is_not_listed_still_needs_its_negations():
+    schema = {"oneOf": [{"const": {"a": [1]}}, {"type": "object", "required": ["a"]}]}
+    with pytest.raises(ConstraintError) as info:  # the second branch must rule the object out
+        analyze_schema(schema)
+    assert (info.value.pointer, info.value.keyword) == ("/oneOf", "oneOf")
