@@ -8,7 +8,7 @@ JSON Schema makes `format` an annotation unless the validator asserts it. Corral
 * checked, and expressible as a regular language we can write down exactly (date, time,
   date-time, ipv4, uuid, hostname, ...): replaced by an anchored `pattern` (plus a length bound)
   whose language is a *subset* of what the checker accepts, never a superset;
-* checked but not expressible here (uri-reference, regex, idn-hostname, ...): refused in strict
+* checked but not expressible here (regex, idn-hostname, idn-email, ...): refused in strict
   mode, since passing it on would let the backend accept strings the judge rejects.
 
 llguidance's own format regexes are not used: some accept strings the checker rejects (leap
@@ -77,6 +77,51 @@ def _plain_regex(verbose: str) -> str:
 _URI = _plain_regex(rfc3986_validator.URI_RE)
 _RELATIVE_REF = _plain_regex(rfc3986_validator.RELATIVE_REF_RE)
 
+# The judge checks "iri"/"iri-reference" with rfc3987-syntax's grammar, which has no recursion:
+# each rule below spells one of its rules (its `ucschar` stops at U+FFEF). Of its IPv6 forms,
+# those with `::` inside the address are left out: its parser refuses "1::2:3:4:5:6", which the
+# grammar's text allows, so only the forms it was seen to accept are kept (a subset).
+_UCS = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef"
+_PCT = "%[0-9A-Fa-f]{2}"
+_IUNRESERVED = f"A-Za-z0-9\\-._~{_UCS}"
+_SUB_DELIMS = "!$&'()*+,;="
+_IPCHAR = f"(?:[{_IUNRESERVED}{_SUB_DELIMS}:@]|{_PCT})"
+_ISEGMENT_NZ_NC = f"(?:[{_IUNRESERVED}{_SUB_DELIMS}@]|{_PCT})+"
+_IPATH_ABEMPTY = f"(?:/{_IPCHAR}*)*"
+_IPATH_ABSOLUTE = f"/(?:{_IPCHAR}+(?:/{_IPCHAR}*)*)?"
+_IPATH_ROOTLESS = f"{_IPCHAR}+(?:/{_IPCHAR}*)*"
+_IPATH_NOSCHEME = f"{_ISEGMENT_NZ_NC}(?:/{_IPCHAR}*)*"
+_H = "[0-9A-Fa-f]{1,4}"
+_LS32 = f"(?:{_H}:{_H}|{_IPV4})"
+_IPV6_3987 = (
+    "(?:"
+    + "|".join(
+        [
+            f"(?:{_H}:){{6}}{_LS32}",
+            f"::(?:{_H}:){{5}}{_LS32}",
+            f"(?:{_H}:){{5}}{_H}::{_H}",
+            f"(?:{_H}:){{6}}{_H}::",
+        ]
+    )
+    + ")"
+)
+_IPVFUTURE = f"v[0-9A-Fa-f]+\\.[A-Za-z0-9\\-._~{_SUB_DELIMS}:]+"
+_IHOST = f"(?:\\[(?:{_IPV6_3987}|{_IPVFUTURE})\\]|(?:[{_IUNRESERVED}{_SUB_DELIMS}]|{_PCT})*)"
+_IAUTHORITY = f"(?:(?:[{_IUNRESERVED}{_SUB_DELIMS}:]|{_PCT})*@)?{_IHOST}(?::[0-9]*)?"
+_IQUERY = f"(?:{_IPCHAR}|[\ue000-\uf8ff/?])*"
+_IFRAGMENT = f"(?:{_IPCHAR}|[/?])*"
+_TAIL = f"(?:\\?{_IQUERY})?(?:#{_IFRAGMENT})?"
+_IRI = (
+    f"[A-Za-z][A-Za-z0-9+\\-.]*:"
+    f"(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}|{_IPATH_ROOTLESS})?{_TAIL}"
+)
+_IRELATIVE_REF = f"(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}|{_IPATH_NOSCHEME})?{_TAIL}"
+# uri-template's checker parses RFC 6570 templates; a subset of what it accepts: literals without
+# braces, and expressions with an operator, variable names of word characters (dotted), a
+# prefix length or an explode.
+_VARSPEC = "[A-Za-z0-9_]+(?:\\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,2}|\\*)?"
+_URI_TEMPLATE = f"(?:[^{{}}]|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
+
 #: format -> (anchored regex, max length or None). Each language is a subset of what the
 #: checker accepts (tests draw strings from each regex and ask the checker).
 EXACT_FORMATS: dict[str, tuple[str, int | None]] = {
@@ -92,6 +137,9 @@ EXACT_FORMATS: dict[str, tuple[str, int | None]] = {
     "uri": (f"^(?:{_URI})$", None),
     "uri-reference": (f"^(?:{_URI}|{_RELATIVE_REF})$", None),
     "json-pointer": (r"^(?:/(?:[^~/]|~[01])*)*$", None),
+    "iri": (f"^(?:{_IRI})$", None),
+    "iri-reference": (f"^(?:{_IRI}|{_IRELATIVE_REF})$", None),
+    "uri-template": (f"^{_URI_TEMPLATE}$", None),
 }
 
 

@@ -288,8 +288,8 @@ class KeywordRewrites:
                 where,
                 "uniqueItems",
                 "'uniqueItems' can only be enforced over a small finite item domain, or over "
-                "strings with no bound but a 'minLength' or listed strings (checked by the "
-                "matcher)",
+                "strings with no bound but a 'minLength' and a 'pattern' that never runs out of "
+                "new strings, or listed strings (checked by the matcher)",
             )
             return
         others = sorted(ALL_TYPES - {"array"})

@@ -7,7 +7,7 @@ at value boundaries (:mod:`corral.grammar.value_checks`):
   among numbers). It is not a regular language over JSON's number syntax either (``1000e-3`` is
   an integer, ``1000e-4`` is not). The backend enforces a plain number there.
 * :data:`UNIQUE`: ``uniqueItems`` over open strings (``type: string``, at most a
-  ``minLength``), an infinite domain that enumerating arrangements cannot cover. The backend
+  ``minLength`` and a ``pattern`` that never runs out), an infinite domain that enumerating arrangements cannot cover. The backend
   enforces the array without it; a string item can always grow into one not yet written, so
   refusing duplicates never leaves a dead end.
 

@@ -43,6 +43,13 @@ def test_format_pattern_is_a_subset_of_the_checker(name):
         ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
         ("hostname", ["a.example", "x" * 63], ["-a", "a" * 64, ".".join(["a" * 60] * 5)]),
         ("uri", ["http://a.b/c?d#e", "urn:x"], ["//no-scheme", "a b"]),
+        (
+            "iri",
+            ["https://example.com", "http://é.com/ü?q=ö#f", "x:", "http://[1:2:3:4:5:6::7]/"],
+            ["//no-scheme", "a b", "http://a/%zz", "http://[::1]/", "http://[1::2:3:4:5:6]/"],
+        ),
+        ("iri-reference", ["//x", "/a", "", "?q", "a:b", "%41"], ["a b", "%4"]),
+        ("uri-template", ["{a}", "x{+a,b:3}y", "{#a*}", "{a.b}", "p q"], ["{}", "{a:0}", "a}"]),
     ],
 )
 def test_format_examples(name, good, bad):
