@@ -8,7 +8,7 @@ JSON Schema makes `format` an annotation unless the validator asserts it. Corral
 * checked, and expressible as a regular language we can write down exactly (date, time,
   date-time, ipv4, uuid, hostname, ...): replaced by an anchored `pattern` (plus a length bound)
   whose language is a *subset* of what the checker accepts, never a superset;
-* checked but not expressible here (regex, idn-hostname, idn-email, ...): refused in strict
+* checked but not expressible here (idn-hostname, idn-email, ...): refused in strict
   mode, since passing it on would let the backend accept strings the judge rejects.
 
 llguidance's own format regexes are not used: some accept strings the checker rejects (leap
@@ -122,6 +122,33 @@ _IRELATIVE_REF = f"(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}|{_IPATH_
 _VARSPEC = "[A-Za-z0-9_]+(?:\\.[A-Za-z0-9_]+)*(?::[1-9][0-9]{0,2}|\\*)?"
 _URI_TEMPLATE = f"(?:[^{{}}]|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*"
 
+
+def _regex_subset(depth: int) -> str:
+    """Python regexes `re.compile` accepts, a regular subset with groups nested `depth` deep:
+    literals (no braces), escapes of punctuation or of `dDwWsSbBAZntrfv`, `.`, classes of plain
+    characters, escapes and ordered ASCII ranges, `(...)` and `(?:...)`, anchors, and one
+    quantifier per atom (`* + ?` or a count of up to 3 digits, `{m,n}` only with m <= n),
+    optionally lazy. No back-references, flags or look-arounds."""
+    escape = r"\\(?:[!-/:-@\[-`{-~]|[dDwWsSntrfv])"
+    ranges = "|".join(
+        f"{a}-[{a}-{z}]"
+        for lo, z in (("0", "9"), ("a", "z"), ("A", "Z"))
+        for a in map(chr, range(ord(lo), ord(z) + 1))
+    )
+    cls = rf"\[\^?(?:{ranges}|{escape}|[^\\\[\]\-&~|^])+\]"
+    counts = "|".join(f"{m},[{m}-9]" for m in range(10))
+    quant = rf"(?:(?:[*+?]|\{{(?:[0-9]{{1,3}},?|,[0-9]{{1,3}}|{counts})\}})\??)"
+    literal = r"[^\\^$.|?*+()\[\]{}]"
+    atom = f"(?:{literal}|{escape}|\\.|{cls})"
+    anchor = r"(?:\^|\$|\\[bBAZ])"
+    alternation = f"(?:{anchor}|{atom}{quant}?)*(?:\\|(?:{anchor}|{atom}{quant}?)*)*"
+    for _ in range(depth):
+        group = f"\\((?:\\?:)?{alternation}\\)"
+        atom = f"(?:{literal}|{escape}|\\.|{cls}|{group})"
+        alternation = f"(?:{anchor}|{atom}{quant}?)*(?:\\|(?:{anchor}|{atom}{quant}?)*)*"
+    return alternation
+
+
 #: format -> (anchored regex, max length or None). Each language is a subset of what the
 #: checker accepts (tests draw strings from each regex and ask the checker).
 EXACT_FORMATS: dict[str, tuple[str, int | None]] = {
@@ -140,6 +167,7 @@ EXACT_FORMATS: dict[str, tuple[str, int | None]] = {
     "iri": (f"^(?:{_IRI})$", None),
     "iri-reference": (f"^(?:{_IRI}|{_IRELATIVE_REF})$", None),
     "uri-template": (f"^{_URI_TEMPLATE}$", None),
+    "regex": (f"^{_regex_subset(3)}$", None),
 }
 
 

@@ -50,6 +50,11 @@ def test_format_pattern_is_a_subset_of_the_checker(name):
         ),
         ("iri-reference", ["//x", "/a", "", "?q", "a:b", "%41"], ["a b", "%4"]),
         ("uri-template", ["{a}", "x{+a,b:3}y", "{#a*}", "{a.b}", "p q"], ["{}", "{a:0}", "a}"]),
+        (
+            "regex",
+            ["^/api/(.*)$", "", "(a|b)*?", "[^a-z\\]]{2,3}", "\\d+\\.\\d*", "((a)?)|x"],
+            ["a**", "*a", "[z-a]", "[^]", "\\1", "a{3,2}", "(a", "\\q", "^*"],
+        ),
     ],
 )
 def test_format_examples(name, good, bad):
@@ -63,5 +68,27 @@ def test_format_examples(name, good, bad):
 
 def test_unchecked_format_is_an_annotation_and_unenforceable_is_none():
     assert format_constraint("int64") == {}
-    assert format_constraint("regex") is None
+    assert format_constraint("idn-hostname") is None
     assert "pattern" in format_constraint("date")
+
+
+def test_regex_format_subset_compiles_even_against_hostile_pieces():
+    """Strings of regex pieces (quantifiers, brackets, escapes, counts) the subset lets through
+    all compile with Python's `re`, warnings included: the subset never admits an invalid
+    regex, however the pieces are put together."""
+    import random
+    import warnings
+
+    pattern, _ = EXACT_FORMATS["regex"]
+    subset = re.compile(pattern[1:-1])
+    pieces = "a b 0 z - ^ $ . | ? * + ( ) (?: [ ] [^ { } {2} {1,3} {3,1} {,2} , \\ \\d \\b \\1"
+    pieces = pieces.split() + ["\\-", "\\]", "a-z", "z-a", "&", "~", "??", "*?", "\\A", "é"]
+    rng, admitted = random.Random(3), 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(40_000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 7)))
+            if subset.fullmatch(text):
+                admitted += 1
+                re.compile(text)
+    assert admitted > 5_000
