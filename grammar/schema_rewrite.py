@@ -8,8 +8,9 @@ Each rewrite is exact (same accepted instances as `jsonschema` judges them) or r
 * `if I then T else E`    -> `anyOf [I and T, not I and E]` (`I or E` without `then`);
 * `dependentRequired` / `dependencies` / `dependentSchemas`
                           -> `anyOf [{properties: {k: false}}, {required: [k, ...], ...}]`;
-* `propertyNames`         -> closing the key set (`enum`/`const` names) or a key
-                             `patternProperties` (`pattern` names), where that is exact;
+* `propertyNames`         -> closing the key set (`enum`/`const` names), a key
+                             `patternProperties` (`pattern` names), where that is exact, or
+                             `properties: {name: false}` per name of a negated list;
 * `uniqueItems`           -> dropped when at most one item is allowed, else an `enum` of the
                              distinct arrangements of a small finite item domain;
 * `unevaluatedProperties` / `unevaluatedItems` without applicators -> their `additional*` form.
@@ -208,6 +209,14 @@ class KeywordRewrites:
         if names is True or names == {}:
             return
         simple = {"type", "enum", "const", "pattern", "minLength", "maxLength"}
+        banned = _listed_names(names.get("not")) if isinstance(names, dict) else None
+        if banned is not None and set(names) == {"not"}:
+            # names outside a list: each listed name is a property that must be absent
+            props = out.setdefault("properties", {})
+            for name in banned:
+                props[name] = False
+            self.a.record(where, "propertyNames", log.PROPERTY_NAMES_KEYS)
+            return
         if isinstance(names, dict) and not set(names) <= simple:
             self.a.refuse(
                 where,
@@ -303,6 +312,17 @@ class KeywordRewrites:
             self.a.record(where, key, log.UNEVALUATED[key])
             return
         self.a.refuse(where, key, f"'{key}' next to applicators is not supported")
+
+
+def _listed_names(node: Any) -> list[str] | None:
+    """The strings an ``enum``/``const`` (beside at most ``type: string``) lists; None when the
+    node lists anything else or is not such a list. Other values never name a key."""
+    if not isinstance(node, dict) or not set(node) <= {"enum", "const", "type"}:
+        return None
+    if node.get("type", "string") != "string" or not {"enum", "const"} & set(node):
+        return None
+    values = finite_values(node)
+    return None if values is None else [v for v in values if isinstance(v, str)]
 
 
 def _within(s: dict) -> frozenset[str]:

@@ -104,6 +104,17 @@ REWRITES = [
         "additionalProperties": False,
     },
     {"propertyNames": False},
+    {"propertyNames": {"not": {"const": "a"}}},
+    {"propertyNames": {"not": {"enum": ["b", 1, "foo"]}}, "properties": {"b": {}}},
+    {"not": {"propertyNames": {"not": {"enum": ["a", "x"]}}}},
+    {  # MaskBench Handwritten---pnmp10: some key of each list
+        "not": {
+            "anyOf": [
+                {"propertyNames": {"not": {"enum": ["a", "b"]}}},
+                {"propertyNames": {"not": {"const": "foo"}}},
+            ]
+        }
+    },
     {"uniqueItems": True, "items": {"enum": [1, 2, "a"]}},
     {"uniqueItems": True, "items": {"type": "boolean"}},
     {"uniqueItems": True, "maxItems": 1},
