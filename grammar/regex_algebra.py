@@ -21,7 +21,13 @@ from functools import lru_cache
 from interegular.fsm import FSM
 
 from corral.grammar.regex_automata import SURROGATES, Languages, Outside, without_surrogates
-from corral.grammar.regex_translate import Ranges, class_regex, complement_ranges, merge_ranges
+from corral.grammar.regex_translate import (
+    Ranges,
+    class_regex,
+    complement_ranges,
+    json_safe,
+    merge_ranges,
+)
 
 _MAX_REGEX_CHARS = 16_000  # a printed regex, for the backend's lexer
 
@@ -119,10 +125,10 @@ def _reachable(start: object, edges: dict) -> set:
 
 
 @lru_cache(maxsize=256)
-def _languages(pattern: str) -> Languages | None:
+def _languages(pattern: str, end_newline: bool = True) -> Languages | None:
     """One pattern's automaton, or None (kept too: a refused pattern is not rebuilt per use)."""
     try:
-        return Languages((pattern,))
+        return Languages((pattern,), end_newline=end_newline)
     except Outside:
         return None
 
@@ -136,14 +142,17 @@ def complement(pattern: str) -> Anchored | None:
 
 
 @lru_cache(maxsize=1024)
-def regular(pattern: str) -> Anchored | None:
+def regular(pattern: str, narrow_ends: bool = False) -> Anchored | None:
     """Anchored regexes for the strings `re.search(pattern, s)` finds a match in: a pattern
-    with look-arounds written without them (lone surrogates left out, as in `complement`)."""
-    return _anchored(pattern, negate=False)
+    with look-arounds written without them (lone surrogates left out, as in `complement`).
+    `narrow_ends`: every `$` is read as the end of the text (as the backend reads it), which
+    leaves out the matches Python's `$` finds before a final newline: a narrowing, but one that
+    writes a `$` inside the pattern (`(,|$)`), which the backend refuses, without it."""
+    return _anchored(pattern, negate=False, end_newline=not narrow_ends)
 
 
-def _anchored(pattern: str, negate: bool) -> Anchored | None:
-    langs = _languages(pattern)
+def _anchored(pattern: str, negate: bool, end_newline: bool = True) -> Anchored | None:
+    langs = _languages(pattern, end_newline)
     if langs is None:
         return None
     try:
@@ -231,6 +240,10 @@ def _print(node: tuple, cls) -> str:
         if not node[1]:
             return "[^\\s\\S]"  # matches nothing (never printed for a non-empty language)
         options = [c for c in node[1] if c != _EPS]
+        classes = [c for c in options if c[0] == "cls"]
+        if len(classes) > 1:  # the backend merges one-class options: merged here first
+            joined = ("cls", tuple(merge_ranges([r for c in classes for r in c[1]])))
+            options = [joined] + [c for c in options if c[0] != "cls"]
         body = "|".join(_print(c, cls) for c in options)
         return f"(?:{body})?" if len(options) < len(node[1]) else body
     return _atom(node[3], cls) + "*"
@@ -243,7 +256,9 @@ def _atom(node: tuple, cls) -> str:
 
 def _backend_class(ranges: tuple) -> str:
     """A class in the backend's dialect, negated when that is shorter (the backend's classes
-    hold Unicode scalar values only, so a negated class never admits a surrogate)."""
+    hold Unicode scalar values only, so a negated class never admits a surrogate), made safe
+    for the backend's quoting inside a JSON string (`json_safe`: a narrowing)."""
+    ranges = tuple(json_safe(list(ranges)))
     rest = without_surrogates(complement_ranges(list(ranges)))
     if len(rest) < len(ranges):
         return "[^" + class_regex(rest)[1:] if rest else "[\\s\\S]"
@@ -252,6 +267,7 @@ def _backend_class(ranges: tuple) -> str:
 
 def _python_class(ranges: tuple) -> str:
     """The same class for Python's `re` (a negated one also leaves out the surrogates)."""
+    ranges = tuple(json_safe(list(ranges)))
     rest = without_surrogates(complement_ranges(list(ranges)))
     if len(rest) < len(ranges):
         return "[^" + _python_items(rest + [SURROGATES]) + "]"

@@ -14,7 +14,10 @@ Look-arounds with an exact regular meaning are part of the model: look-aheads ri
 leading `^` (`^(?!N)R` is `^R` minus `^N`, `^(?=A)R` is `^R` and `^A`, by interegular's
 difference and product), a positive look-ahead ending an unanchored pattern (`A(?=B)` finds a
 match exactly where `AB` does) and a positive look-behind starting one (`(?<=B)A`, likewise
-`BA`). Anything else -- other look-arounds, back-references, word boundaries, anchors inside the
+`BA`). An end anchor inside the pattern (`(,|$)`) is a move taken only at the end of the text:
+exact for `\\Z`, and for `$` where the languages read `$` as the backend does (`end_newline`
+off; Python's `$` inside, which may also match before a final newline, is not modelled).
+Anything else -- other look-arounds, back-references, word boundaries, start anchors inside the
 pattern, flags -- raises `Outside`, as does an automaton past a cap.
 """
 
@@ -125,10 +128,14 @@ def _item(op, arg, pattern: str) -> tuple:
     if op in (C.MAX_REPEAT, C.MIN_REPEAT):  # laziness does not change whether a match exists
         lo, hi, sub = arg
         return ("rep", lo, None if hi is C.MAXREPEAT else hi, _seq(list(sub), pattern))
-    raise Outside  # anchors inside, look-arounds, back-references, word boundaries, ...
+    if op is C.AT and arg in _ENDS:  # an end anchor inside: see `_Nfa.fragment`
+        return ("end", _ENDS[arg])
+    raise Outside  # start anchors inside, look-arounds, back-references, word boundaries, ...
 
 
 def _class_sets(node: tuple, out: set) -> None:
+    if node[0] == "end":
+        return
     if node[0] == "cls":
         out.add(node[1])
     elif node[0] == "rep":
@@ -186,7 +193,7 @@ class Languages:
         return FSM(alphabet, set(fsm.states), fsm.initial, set(fsm.finals), transitions)
 
     def _nfa_dfa(self, branches: list[_Branch], alphabet: Alphabet) -> FSM:
-        nfa = _Nfa(self.symbols_of)
+        nfa = _Nfa(self.symbols_of, self._end_newline)
         start, every = nfa.new(), self.symbols_of[tuple(_ALL)]
         for anchored, core, end, _ in branches:
             head = nfa.new()
@@ -243,8 +250,11 @@ def without_surrogates(ranges: Ranges) -> Ranges:
 class _Nfa:
     """Thompson construction over symbol sets, with epsilon moves and a state cap."""
 
-    def __init__(self, symbols_of: dict[tuple, frozenset[int]]) -> None:
+    def __init__(self, symbols_of: dict[tuple, frozenset[int]], end_newline: bool) -> None:
         self.symbols_of = symbols_of
+        self.end_newline = end_newline
+        #: moves taken only at the end of the text (an end anchor inside the pattern)
+        self.at_end: dict[int, list[int]] = {}
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[frozenset[int], int]]] = []
         self.finals: set[int] = set()
@@ -262,6 +272,12 @@ class _Nfa:
         if kind == "cls":
             end = self.new()
             self.edges[start].append((self.symbols_of[node[1]], end))
+            return end
+        if kind == "end":  # `\\Z`, or `$` read as the backend does; Python's `$` may also
+            if node[1] == "$" and self.end_newline:  # match before a final newline: not here
+                raise Outside
+            end = self.new()
+            self.at_end.setdefault(start, []).append(end)
             return end
         if kind == "cat":
             for child in node[1]:
@@ -318,5 +334,19 @@ class _Nfa:
                     index[nxt] = len(index)
                     todo.append(nxt)
                 row[sym] = index[nxt]
-        finals = {i for subset, i in index.items() if subset & self.finals}
+        finals = {i for subset, i in index.items() if self.ends_in(subset) & self.finals}
         return FSM(alphabet, set(index.values()), 0, finals, transitions)
+
+    def ends_in(self, states: frozenset[int]) -> frozenset[int]:
+        """The states the text may end in from `states`: their closure through epsilon moves
+        and the moves of end anchors (no character is read after an end anchor)."""
+        if not self.at_end:
+            return states
+        seen, todo = set(states), list(states)
+        while todo:
+            state = todo.pop()
+            for nxt in (*self.eps[state], *self.at_end.get(state, ())):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return frozenset(seen)

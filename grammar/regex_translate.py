@@ -40,7 +40,12 @@ _UNSUPPORTED_FLAGS = re.IGNORECASE | re.MULTILINE | re.VERBOSE | re.DOTALL | re.
 
 
 def translate_regex(
-    pattern: str, *, keyword: str = "regex", pointer: str = "", search: bool = False
+    pattern: str,
+    *,
+    keyword: str = "regex",
+    pointer: str = "",
+    search: bool = False,
+    guarded: list[str] | None = None,
 ) -> str:
     """The backend-dialect regex that matches exactly the strings Python's ``re`` matches.
 
@@ -48,7 +53,11 @@ def translate_regex(
     its unanchored ends are cut to their least count (:func:`_search_core`): the same strings
     contain a match, and the backend's lexer is spared a counted repetition it would have to
     track at every position (``\\w{1,16}`` over all of Unicode's word characters ran its lexer
-    out of expressions)."""
+    out of expressions).
+
+    ``search`` also means the regex will match the inside of a JSON string: its classes then
+    go through :func:`json_safe`, and ``guarded`` (when given) collects the pattern if one had
+    to leave a character out."""
     try:
         parsed = P.parse(pattern)
     except (re.error, RecursionError, OverflowError) as e:
@@ -62,7 +71,35 @@ def translate_regex(
             keyword,
         )
     items = list(parsed)
-    return _Printer(pattern, keyword, pointer).seq(_search_core(items) if search else items)
+    if _end_inside(items, last=True):
+        raise ConstraintError(
+            f"an end anchor inside {pattern!r} (only the pattern's end may be anchored) cannot "
+            "be enforced token by token",
+            pointer,
+            keyword,
+        )
+    printer = _Printer(pattern, keyword, pointer, in_json=search)
+    out = printer.seq(_search_core(items) if search else items)
+    if printer.guarded and guarded is not None:
+        guarded.append(pattern)
+    return out
+
+
+def _end_inside(items: list, last: bool) -> bool:
+    """Whether an end anchor (`$`, `\\Z`) stands anywhere but at the end of the pattern (the
+    last item of a sequence that ends it, through groups and alternatives): the backend's
+    regexes read one only there."""
+    for i, (op, arg) in enumerate(items):
+        at_end = last and i == len(items) - 1
+        if op is C.AT and arg in (C.AT_END, C.AT_END_STRING) and not at_end:
+            return True
+        if op is C.BRANCH and any(_end_inside(list(b), at_end) for b in arg[1]):
+            return True
+        if op is C.SUBPATTERN and _end_inside(list(arg[3]), at_end):
+            return True
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _end_inside(list(arg[2]), False):
+            return True
+    return False
 
 
 def _search_core(items: list) -> list:
@@ -99,9 +136,38 @@ def _cut(items: list, *, front: bool) -> list:
 
 
 class _Printer:
-    def __init__(self, pattern: str, keyword: str, pointer: str, *, narrow: bool = True) -> None:
+    def __init__(
+        self,
+        pattern: str,
+        keyword: str,
+        pointer: str,
+        *,
+        narrow: bool = True,
+        in_json: bool = False,
+    ) -> None:
         self.pattern, self.keyword, self.pointer = pattern, keyword, pointer
-        self.narrow = narrow
+        self.narrow, self.in_json, self.guarded = narrow, in_json, False
+
+    def cls(self, ranges: Ranges) -> str:
+        """A class; inside a JSON string, made safe for the backend's quoting (`json_safe`)."""
+        if self.in_json:
+            safe = json_safe(ranges)
+            self.guarded = self.guarded or safe != ranges
+            ranges = safe
+        return class_regex(ranges)
+
+    def single_class(self, branch: list) -> Ranges | None:
+        """The ranges of a branch that is one character class (or one character), else None."""
+        if len(branch) != 1:
+            return None
+        op, arg = branch[0]
+        if op is C.LITERAL:
+            return [(arg, arg)]
+        if op is C.NOT_LITERAL:
+            return complement_ranges([(arg, arg)])
+        if op is C.IN:
+            return self.set_ranges(arg)
+        return None
 
     def refuse(self, what: str) -> ConstraintError:
         return ConstraintError(
@@ -119,17 +185,22 @@ class _Printer:
         if op is C.LITERAL:
             return _char(arg)
         if op is C.NOT_LITERAL:
-            return class_regex(complement_ranges([(arg, arg)]))
+            return self.cls(complement_ranges([(arg, arg)]))
         if op is C.ANY:
             return "."  # both dialects: any character but \n (no DOTALL)
         if op is C.IN:
-            return class_regex(self.set_ranges(arg))
+            return self.cls(self.set_ranges(arg))
         if op is C.AT:
             if arg not in _ANCHORS:
                 raise self.refuse(f"the word-boundary assertion {arg}")
             return _ANCHORS[arg]
-        if op is C.BRANCH:
-            return "(?:" + "|".join(self.seq(list(b)) for b in arg[1]) + ")"
+        if op is C.BRANCH:  # the backend merges one-class branches: merged here first
+            singles = [self.single_class(list(b)) for b in arg[1]]
+            merged = merge_ranges([r for one in singles if one is not None for r in one])
+            rest = [
+                self.seq(list(b)) for b, one in zip(arg[1], singles, strict=True) if one is None
+            ]
+            return "(?:" + "|".join(([self.cls(merged)] if merged else []) + rest) + ")"
         if op is C.SUBPATTERN:
             _group, add_flags, del_flags, sub = arg
             if add_flags or del_flags:
@@ -233,6 +304,31 @@ def _char(cp: int) -> str:
     if ch.isascii() and ch.isalnum():
         return ch
     return f"\\x{{{cp:x}}}"
+
+
+#: Every control character: llguidance (1.x) lets a JSON string's `"` and `\\` through a
+#: class that holds all of them, whether or not the class holds `"` and `\\` themselves
+#: (`^[^"]*$` accepted `a"b`). Measured with llguidance 1.9.1.
+_CONTROLS = (0, 0x1F)
+
+
+def json_safe(ranges: Ranges) -> Ranges:
+    """`ranges` for a class inside a JSON string pattern: where they hold every control
+    character but not both `"` and `\\`, NUL is left out (a narrowing: a class missing one
+    control character is quoted right by the backend)."""
+    lo, hi = _CONTROLS
+    covers = any(a <= lo and b >= hi for a, b in ranges)
+    whole = all(any(a <= c <= b for a, b in ranges) for c in (0x22, 0x5C))
+    if not covers or whole:
+        return ranges
+    out: Ranges = []
+    for a, b in ranges:
+        if a <= 0 <= b:
+            if b > 0:
+                out.append((1, b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def class_regex(ranges: Ranges) -> str:

@@ -37,12 +37,17 @@ from typing import Any
 from corral.grammar.errors import ConstraintError
 from corral.grammar.regex_algebra import complement, regular
 from corral.grammar.regex_translate import translate_regex
-from corral.grammar.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED
+from corral.grammar.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED, PATTERN_NUL
 from corral.grammar.schema_facts import escape_pointer
 from corral.grammar.schema_negate import NotExpressible
 from corral.grammar.value_sites import FRACTION, UNIQUE
 
 _DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
+_NUL_KEY = (
+    "pattern {!r} holds a class of every control character but not both '\"' and '\\', "
+    "which the backend cannot enforce exactly on keys (it would also let '\"' and '\\' "
+    "through); leave NUL or another control character out of the class"
+)
 
 
 @dataclass(frozen=True)
@@ -66,17 +71,25 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
         except (re.error, RecursionError, OverflowError) as e:
             return Translation(refusal=f"invalid regular expression {pattern!r}: {e}", invalid=True)
         try:
-            narrowed = translate_regex(pattern, search=True)
+            guarded: list[str] = []
+            narrowed = translate_regex(pattern, search=True, guarded=guarded)
             if not exact:
                 shorthands = exact_shorthands(pattern) != pattern
-                return Translation(narrowed, rewrite=PATTERN_NARROWED if shorthands else "")
+                rewrite = PATTERN_NUL if guarded else PATTERN_NARROWED if shorthands else ""
+                return Translation(narrowed, rewrite=rewrite)
             source = exact_shorthands(pattern)
-            exact_regex = narrowed if source == pattern else translate_regex(source, search=True)
+            exact_regex = (
+                narrowed
+                if source == pattern
+                else translate_regex(source, search=True, guarded=guarded)
+            )
+            if guarded:
+                return Translation(refusal=_NUL_KEY.format(pattern))
             return Translation(exact_regex)
         except ConstraintError as e:
             # a look-around with a regular meaning, printed without it; keys stay refused (the
             # printed form leaves out strings with lone surrogates: a narrowing)
-            written = None if exact else regular(pattern)
+            written = None if exact else regular(pattern) or regular(pattern, narrow_ends=True)
             if written is None or written.empty:
                 return Translation(refusal=e.reason)
             return Translation(written.backend, rewrite=PATTERN_LOOKAROUND)

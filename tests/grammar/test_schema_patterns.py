@@ -237,3 +237,77 @@ def test_one_of_rejects_types_two_branches_accept_wholesale():
     rewritten = assert_equivalent(schema, POOL + [{"kind": "a"}, {"kind": "b"}, {"kind": "c"}])
     assert rewritten["allOf"][0]["type"] == ["object"]
     assert "pattern" not in json.dumps(rewritten)  # no negation was needed
+
+
+def test_a_pattern_with_an_end_anchor_inside_compiles_as_a_narrowing(llama3_tokenizer):
+    """`(,|$)` inside a pattern: the backend refuses an end anchor anywhere but at the end, so
+    the pattern is written without it (`$` read as the end of the text, a narrowing) instead of
+    being refused (MaskBench catalogue-entry, Github_hard---o60770); a `regex` constraint, which
+    must be exact, is refused by Corral with the reason rather than by the backend."""
+    from corral.grammar.rewrite_log import PATTERN_LOOKAROUND
+
+    item = {"type": "string", "pattern": "^([^,]+(,|$)){3,}$"}
+    schema = {"type": "object", "properties": {"tags": item}, "required": ["tags"]}
+    c = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    assert any(r.rewrite == PATTERN_LOOKAROUND for r in c.rewrites)
+    bitmask = torch.zeros((1, llama3_tokenizer.mask_words), dtype=torch.int32)
+    for text, valid in [("a,b,c", True), ("a,b,c,", True), ("a,b", False), ("a,,b,c", False)]:
+        instance = {"tags": text}
+        assert judge(schema).is_valid(instance) is valid, text
+        ids = llama3_tokenizer.encode(json.dumps(instance, separators=(",", ":")))
+        assert walk_accepts(c.matcher(), ids, bitmask) is valid, text
+    with pytest.raises(ConstraintError, match="end anchor inside"):
+        compile_constraint(ConstraintSpec.regex("a$b?"), llama3_tokenizer)
+
+
+QUOTING = [
+    ('^[^"]*$', ['a"b', "a\\b", "ab", "a\nb", "\t"]),
+    ("^[^\\\\]+$", ['a"b', "a\\b", "ab", "\x1f"]),
+    ('^[^"\\\\]*$', ['a"b', "a\\b", "ab"]),
+    ("^(?:[\\x00-\\x0f]|[\\x10-\\x1f]|xy)+$", ['"', "\\", "\x01xy", "xy"]),
+    ('^[^a"]+$', ['"', "\\", "b\\"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "texts"), QUOTING, ids=[p for p, _ in QUOTING])
+def test_classes_of_every_control_character_never_let_a_quote_through(
+    pattern, texts, llama3_tokenizer
+):
+    """llguidance lets `"` and `\\` through a class that holds every control character, inside
+    a JSON string, even where the class leaves them out (`^[^"]*$` accepted `a"b`): such a
+    class is handed to it without NUL, and the compiled grammar accepts exactly what the judge
+    accepts (NUL aside); on keys, where that would not be exact, the pattern is refused."""
+    from corral.grammar.backend_llguidance import (
+        LLGuidanceMatcher,
+        grammar_from_schema,
+        new_prototype,
+    )
+    from corral.grammar.rewrite_log import PATTERN_NUL
+
+    tok = llama3_tokenizer
+    bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
+    schema = {"type": "string", "pattern": pattern}
+    c = compile_constraint(ConstraintSpec.json_schema(schema), tok)
+    assert any(r.rewrite == PATTERN_NUL for r in c.rewrites)
+    for text in texts:
+        ids = tok.encode(json.dumps(text))
+        assert walk_accepts(c.matcher(), ids, bitmask) == judge(schema).is_valid(text), text
+    assert not walk_accepts(c.matcher(), tok.encode(json.dumps("\x00")), bitmask)
+    keys = {"type": "object", "patternProperties": {pattern: {}}, "additionalProperties": False}
+    with pytest.raises(ConstraintError, match="control character"):
+        compile_constraint(ConstraintSpec.json_schema(keys), tok)
+    # the backend's own behaviour, which the guard works around (drop it once this fails)
+    raw = translate_regex(pattern, search=True).replace("\\x{1}-", "\\x{0}-")
+    backend_schema = {"type": "string", "pattern": raw}
+    proto = new_prototype(grammar_from_schema(backend_schema, JsonFormat()), tok, "schema")
+    leaks = [
+        t
+        for t in ['a"b', "a\\b", '"', "\\"]
+        if not judge(schema).is_valid(t)
+        and walk_accepts(
+            LLGuidanceMatcher(proto, frozenset(tok.eos_token_ids)),
+            tok.encode(json.dumps(t)),
+            bitmask,
+        )
+    ]
+    assert leaks, "llguidance no longer lets quotes through such a class"

@@ -183,3 +183,34 @@ def test_backend_regexes_read_back_as_the_same_language():
         back = re.compile(python_of_backend(translate_regex(exact_shorthands(pattern))))
         for text in strings:
             assert bool(back.search(text)) == bool(re.search(pattern, text)), (pattern, text)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "^([^,]+(,|$)){3,}$",  # MaskBench catalogue-entry: a list of at least 3 items
+        "^(/?(\\.{2}|[a-z0-9\\-]*)($|/))*$",  # MaskBench Github_hard---o60770
+        "a$b?",
+        "(x$|y)z?",
+        "^(ab$|a)*$",
+    ],
+)
+def test_end_anchors_inside_a_pattern_are_read_as_the_backend_reads_them(pattern):
+    """An end anchor inside a pattern is a move taken only at the end of the text: with `$`
+    read as the backend reads it (`\\Z`), the pattern is written without it, and the strings it
+    keeps are exactly those `re.search` finds a match in with every `$` read as `\\Z` (a
+    narrowing of Python's `$`, which also matches before a final newline). The exact reading of
+    Python's `$` inside is not modelled; `\\Z` inside is, exactly."""
+    assert regular(pattern) is None
+    written = regular(pattern, narrow_ends=True)
+    assert written is not None and not written.empty
+    backend_reading = re.compile(pattern.replace("$", "\\Z"))
+    exact_z = regular(pattern.replace("$", "\\Z"))
+    assert exact_z is not None and exact_z.python == written.python
+    ours = re.compile(written.python)
+    strings = _strings(random.Random(11), 3000) + ["a", "ab", "a,b,c", "a,b,", ",,", "/../x/"]
+    strings += ["".join(t) for n in range(5) for t in itertools.product("ab,/.xyz", repeat=n)]
+    for text in strings:
+        assert bool(ours.search(text)) == bool(backend_reading.search(text)), (pattern, text)
+        if ours.search(text):  # a narrowing: Python's own reading matches it too
+            assert re.search(pattern, text), (pattern, text)
