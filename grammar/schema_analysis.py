@@ -243,10 +243,11 @@ class _Analyzer:
     def _guard_min_properties(self, out: dict, pointer: str) -> None:
         """The backend counts a repeated free-form key (additional or pattern properties) towards
         minProperties, but a JSON parser keeps one of the two, so the count can come up short.
-        Exact as it stands when the required keys alone reach the bound or every key is
-        declared; otherwise only when outputs never repeat a key (`_distinct_keys`)."""
+        Exact as it stands when the required keys alone reach the bound, when the bound is 1
+        (an object with a key written holds one, repeated or not), or every key is declared;
+        otherwise only when outputs never repeat a key (`_distinct_keys`)."""
         bound = out.get("minProperties")
-        if not isinstance(bound, int) or bound <= len(set(out.get("required", ()))):
+        if not isinstance(bound, int) or bound <= max(1, len(set(out.get("required", ())))):
             return
         if out.get("additionalProperties") is False and not out.get("patternProperties"):
             return

@@ -243,3 +243,25 @@ def test_a_pattern_key_begun_is_finished_by_its_pattern(llama3_tokenizer):
     compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
     text = '{"devices":{"0a1f":1,"b'
     assert_closings_valid(schema, compiled, text, llama3_tokenizer, always=True)
+
+
+MIN_PROPERTIES = [
+    {"type": "object", "patternProperties": {"^B[0-9]+$": {}}, "additionalProperties": False},
+    {"type": "object", "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {}}},
+    {"type": "object", "properties": {"x": False}, "patternProperties": {"^x": {"const": 1}}},
+]
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+@pytest.mark.parametrize("node", MIN_PROPERTIES, ids=range(len(MIN_PROPERTIES)))
+def test_closings_fill_min_properties_with_keys_the_object_allows(node, bound, llama3_tokenizer):
+    """`minProperties` above the required keys: the closing writes the shortest further
+    members the object allows (declared ones, then keys of each pattern, then other keys),
+    judged by the schema and accepted by its matcher (MaskBench bitbucket-pipelines: before,
+    `{}` was proposed, which both refuse)."""
+    schema = {"type": "object", "properties": {"o": {**node, "minProperties": bound}}}
+    schema["required"] = ["o"]
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    closings = assert_closings_valid(schema, compiled, '{"o":{', llama3_tokenizer, always=True)
+    assert closings >= 5
