@@ -310,7 +310,7 @@ class _Analyzer:
         elif key in _NUMBERS:
             out[key] = check_number(value, where, key)
         elif key in _SCHEMA_MAPS:
-            out[key] = self._schema_map(value, where, scope)
+            out[key] = self._schema_map(value, where, scope, _closed_by_one_pattern(s))
         elif key in _SCHEMA_LISTS:
             out[key] = [
                 self.node(sub, f"{where}/{i}", scope)
@@ -325,12 +325,12 @@ class _Analyzer:
         else:
             self.rewrites.apply(key, value, s, where, scope, out, extra)
 
-    def _schema_map(self, value: Any, where: str, scope: Any) -> dict:
+    def _schema_map(self, value: Any, where: str, scope: Any, closed: bool = False) -> dict:
         if not isinstance(value, dict):
             raise ConstraintError("must be an object of schemas", where, where.rsplit("/", 1)[-1])
         out = {k: self.node(v, f"{where}/{escape_pointer(k)}", scope) for k, v in value.items()}
         if where.endswith("/patternProperties"):
-            return self.patterns.key_patterns(out, where)
+            return self.patterns.key_patterns(out, where, closed)
         return out
 
     def _pattern(self, value: Any, where: str, out: dict) -> None:
@@ -383,3 +383,15 @@ class _Analyzer:
             regex = self.patterns.translate(constraint["pattern"], where, "format", exact=False)
             extra.append({**constraint, "pattern": regex})
             self.record(where, "format", log.FORMAT_PATTERN)
+
+
+def _closed_by_one_pattern(s: dict) -> bool:
+    """Whether node `s` has one pattern key, `additionalProperties: false` and no declared
+    name holding NUL: a key that pattern's backend regex misses is then refused."""
+    names = s.get("properties")
+    return (
+        s.get("additionalProperties") is False
+        and isinstance(s.get("patternProperties"), dict)
+        and len(s["patternProperties"]) == 1
+        and not (isinstance(names, dict) and any("\x00" in n for n in names))
+    )

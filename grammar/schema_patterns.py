@@ -62,8 +62,10 @@ class Translation:
 
 
 @lru_cache(maxsize=8192)
-def translate_pattern(pattern: str, exact: bool) -> Translation:
-    """The backend-dialect form of Python regex `pattern` (exact, or possibly narrowed)."""
+def translate_pattern(pattern: str, exact: bool, nul_ok: bool = False) -> Translation:
+    """The backend-dialect form of Python regex `pattern` (exact, or possibly narrowed).
+    `nul_ok`: an exact key pattern may still leave NUL out of a class (`json_safe`), because a
+    key it then misses is refused anyway (the only pattern of a closed object)."""
     with warnings.catch_warnings():  # "possible nested set" and the like: Python's own advice
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -83,9 +85,9 @@ def translate_pattern(pattern: str, exact: bool) -> Translation:
                 if source == pattern
                 else translate_regex(source, search=True, guarded=guarded)
             )
-            if guarded:
+            if guarded and not nul_ok:
                 return Translation(refusal=_NUL_KEY.format(pattern))
-            return Translation(exact_regex)
+            return Translation(exact_regex, rewrite=PATTERN_NUL if guarded else "")
         except ConstraintError as e:
             # a look-around with a regular meaning, printed without it; keys stay refused (the
             # printed form leaves out strings with lone surrogates: a narrowing)
@@ -113,9 +115,11 @@ class PatternTable:
         #: so their language is narrower than the negation they stand for
         self._derived: set[str] = set()
 
-    def translate(self, pattern: str, where: str, keyword: str, exact: bool) -> str | None:
+    def translate(
+        self, pattern: str, where: str, keyword: str, exact: bool, nul_ok: bool = False
+    ) -> str | None:
         """`pattern` in the backend's dialect; None after refusing it (lenient mode)."""
-        t = translate_pattern(pattern, exact)
+        t = translate_pattern(pattern, exact, nul_ok)
         if t.invalid:
             raise ConstraintError(t.refusal, where, keyword)
         if t.refusal:
@@ -129,12 +133,15 @@ class PatternTable:
             self.key_source[t.regex] = pattern
         return t.regex
 
-    def key_patterns(self, analysed: dict, where: str) -> dict:
+    def key_patterns(self, analysed: dict, where: str, closed: bool = False) -> dict:
         """`patternProperties` with exact backend keys; keys that translate alike are merged
-        (an exact translation is the same language, so their schemas both apply)."""
+        (an exact translation is the same language, so their schemas both apply). `closed`:
+        the object's only pattern, with `additionalProperties: false` and no declared name
+        holding NUL, so a key its backend regex misses is refused, as narrowing asks."""
         out: dict = {}
         for key, sub in analysed.items():
-            regex = self.translate(key, f"{where}/{escape_pointer(key)}", "patternProperties", True)
+            pointer = f"{where}/{escape_pointer(key)}"
+            regex = self.translate(key, pointer, "patternProperties", True, nul_ok=closed)
             if regex is not None:
                 out[regex] = {"allOf": [out[regex], sub]} if regex in out else sub
         return out
