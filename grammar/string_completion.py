@@ -7,9 +7,12 @@ the judge's own test of a pattern.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import interegular
+
+from corral.grammar.regex_algebra import regular
 
 #: The longest run of filler a closing may need (characters a `minLength` asks for, items a
 #: `minItems` asks for). A schema that asks for more (`minLength: 10**9` is valid) has no
@@ -60,15 +63,33 @@ def _regex_completion(pattern: str, text: str, min_length: int) -> str | None:
     body = body if start else f"(?:.|\\n)*(?:{body})"
     body = body if end else f"(?:{body})(?:.|\\n)*"
     try:
-        dfa = _dfa(body)
-    except Exception:  # interegular refuses some syntax: unknown, not wrong
-        return None
+        dfa = _dfa(_spelt_escapes(body))
+    except Exception:  # interegular refuses some syntax (look-arounds, `$` inside): the same
+        written = regular(pattern) or regular(pattern, narrow_ends=True)  # language, or the
+        if written is None or written.empty or written.python == pattern:  # backend's part
+            return None
+        plain = "^" + written.python.removeprefix("\\A").removesuffix("\\Z") + "$"
+        return _regex_completion(plain, text, min_length)
     state = dfa.start
     for ch in text:
         state = dfa.step(state, ch)
         if state is None:
             return None
     return dfa.shortest_from(state, max(0, min_length - len(text)))
+
+
+_SPECIAL = frozenset("\\^$.|?*+()[]{}-/")
+
+
+def _spelt_escapes(pattern: str) -> str:
+    """`pattern` with each `\\uXXXX` escape (which interegular does not read) written as its
+    character, escaped where the character is special in a regex."""
+
+    def spell(m: re.Match) -> str:
+        ch = chr(int(m.group(1), 16))
+        return "\\" + ch if ch in _SPECIAL else ch
+
+    return re.sub(r"(?<!\\)\\u([0-9a-fA-F]{4})", spell, pattern)
 
 
 class _Dfa:

@@ -265,3 +265,31 @@ def test_closings_fill_min_properties_with_keys_the_object_allows(node, bound, l
     compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
     closings = assert_closings_valid(schema, compiled, '{"o":{', llama3_tokenizer, always=True)
     assert closings >= 5
+
+
+@pytest.mark.parametrize("excluded", ['"', "\\", "a\u00e9"])
+def test_a_string_that_must_not_equal_a_value_closes(excluded, llama3_tokenizer):
+    """`not: {const: ...}` writes a regex with `\\u` escapes, which the closer's automaton
+    reader did not take: no shortest instance, so budget closing ended such outputs unclosed
+    (a real server, `max_tokens` 12: `{"s":"heroes~12345`, `complete: false`)."""
+    schema = {"type": "object", "properties": {"s": {"not": {"const": excluded}}}}
+    schema["required"] = ["s"]
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    text = '{"s":"' + excluded.replace("\\", "\\\\").replace('"', '\\"') + 'x"}'
+    assert assert_closings_valid(schema, compiled, text, llama3_tokenizer, always=True)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"), [("^([^,]+(,|$)){3,}$", "ab,c,d"), ("^(?!fo)[a-z]+$", "fa")]
+)
+def test_a_pattern_the_closer_cannot_read_closes_through_its_rewritten_form(
+    pattern, text, llama3_tokenizer
+):
+    """A pattern with a look-around or an end anchor inside is completed through the form the
+    backend got (written without them): before, the closer could not read it, so no closing
+    was known at any point of such a string."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}
+    schema["required"] = ["s"]
+    compiled = compile_constraint(ConstraintSpec.json_schema(schema), llama3_tokenizer)
+    found = assert_closings_valid(schema, compiled, '{"s":"' + text, llama3_tokenizer)
+    assert found >= len(text)
