@@ -140,7 +140,7 @@ class KeywordRewrites:
             conj = [branch]
             # a branch of listed values is settled value by value: a negation that cannot be
             # written is held for the fold below (`schema_deferred`)
-            finite = finite_domain(branch, self.a.lookup) is not None
+            finite = isinstance(branch, dict) and finite_domain(branch, self.a.lookup) is not None
             for j, other in enumerate(live):
                 if (min(i, j), max(i, j)) in overlaps and i != j:
                     scope_types = intersect_types(within, types_of(branch)) or within

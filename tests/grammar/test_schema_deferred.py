@@ -102,3 +102,20 @@ def test_a_oneof_branch_that_is_not_listed_still_needs_its_negations():
     with pytest.raises(ConstraintError) as info:  # the second branch must rule the object out
         analyze_schema(schema)
     assert (info.value.pointer, info.value.keyword) == ("/oneOf", "oneOf")
+
+
+@pytest.mark.parametrize(
+    "schema", [{"oneOf": [True, {"enum": [1, "a"]}]}, {"oneOf": [{"enum": [[1]]}, True]}]
+)
+def test_a_oneof_beside_a_true_branch_is_analysed_or_refused_never_crashes(schema):
+    """`true` is a live branch that lists nothing (found by the schema-copies fuzz test: the
+    listed-branch check read it as an object: an AttributeError instead of an analysis)."""
+    try:
+        plan = analyze_schema(schema)
+    except ConstraintError as e:
+        assert e.keyword == "oneOf"
+        return
+    judge = Draft202012Validator(schema)
+    rewritten = Draft202012Validator(plan.judged_schema())
+    for value in POOL:
+        assert rewritten.is_valid(value) == judge.is_valid(value), value
