@@ -68,6 +68,11 @@ def matches(pattern: str, text: str) -> bool | None:
     return state in dfa.finals
 
 
+#: most DFA states `never_runs_out` builds (a one-off walk: an e-mail address's pattern, with
+#: its counted label lengths, needs about 400)
+_RUNS_OUT_STATES = 2_000
+
+
 @lru_cache(maxsize=256)
 def never_runs_out(pattern: str) -> bool | None:
     """Whether every prefix of a string the backend's form of `pattern` matches extends to
@@ -76,7 +81,7 @@ def never_runs_out(pattern: str) -> bool | None:
     `^x_\\d+$`, False for `^[a-f]$` or `^(?:OUT1|OUT2)$`. The backend's `$` is the end of
     the text (Python's also matches before a final newline, which the backend never writes)."""
     try:
-        dfa = Languages((pattern,), end_newline=False).fsms[0]
+        dfa = Languages((pattern,), end_newline=False, max_states=_RUNS_OUT_STATES).fsms[0]
     except Outside:
         return None
     live = {q for q in dfa.states if dfa.islive(q)}

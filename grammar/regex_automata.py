@@ -149,10 +149,14 @@ def _class_sets(node: tuple, out: set) -> None:
 class Languages:
     """The search languages of some patterns as DFAs over one shared alphabet."""
 
-    def __init__(self, patterns: tuple[str, ...], end_newline: bool = True) -> None:
+    def __init__(
+        self, patterns: tuple[str, ...], end_newline: bool = True, max_states: int = 0
+    ) -> None:
         """`end_newline`: `$` also matches before a final newline, as in Python; False reads it
-        as the backend's regexes do (`\\Z`)."""
+        as the backend's regexes do (`\\Z`). `max_states`: the most DFA states a pattern may
+        need (0: the default, :data:`_MAX_DFA_STATES`)."""
         self._end_newline = end_newline
+        self._max_states = max_states or _MAX_DFA_STATES
         parsed = [_branches(p) for p in patterns]
         sets = {tuple(_ALL), tuple(_NEWLINE)}
         for branches in parsed:
@@ -181,7 +185,7 @@ class Languages:
                 for positive, tree in b.looks:
                     look = self._nfa_dfa([_Branch(True, tree, "")], alphabet)
                     dfa = self.renumbered(dfa & look if positive else dfa - look, alphabet)
-                    if len(dfa.states) > _MAX_DFA_STATES:
+                    if len(dfa.states) > self._max_states:
                         raise Outside
                 parts.append(dfa)
         return parts[0] if len(parts) == 1 else self.renumbered(FSM.union(*parts), alphabet)
@@ -208,7 +212,7 @@ class Languages:
                 after = nfa.new()
                 nfa.edges[tail].append((self.symbols_of[tuple(_NEWLINE)], after))
                 nfa.finals.add(after)
-        return nfa.determinize(start, alphabet)
+        return nfa.determinize(start, alphabet, self._max_states)
 
 
 def _partition(sets: list[tuple]) -> tuple[dict[tuple, frozenset[int]], list[Ranges]]:
@@ -314,7 +318,7 @@ class _Nfa:
                     todo.append(nxt)
         return frozenset(seen)
 
-    def determinize(self, start: int, alphabet: Alphabet) -> FSM:
+    def determinize(self, start: int, alphabet: Alphabet, max_states: int) -> FSM:
         first = self.closure(frozenset((start,)))
         index, todo = {first: 0}, [first]
         transitions: dict[int, dict[int, int]] = {}
@@ -329,7 +333,7 @@ class _Nfa:
             for sym, targets in moves.items():
                 nxt = self.closure(frozenset(targets))
                 if nxt not in index:
-                    if len(index) >= _MAX_DFA_STATES:
+                    if len(index) >= max_states:
                         raise Outside
                     index[nxt] = len(index)
                     todo.append(nxt)

@@ -51,6 +51,9 @@ DISTINCT_KEYS = "repeated keys checked at value boundaries"
 FRACTION_CHECK = "not integer->fraction checked at value boundaries (plain decimal, 15 digits)"
 UNIQUE_CHECK = "uniqueItems checked at value boundaries (open string items)"
 UNIQUE_CHECK_LISTED = "uniqueItems checked at value boundaries (listed string items)"
+UNIQUE_CHECK_OPEN = (
+    "uniqueItems checked at value boundaries (open items; a number item in plain decimal)"
+)
 #: the rewrites that rely on a mark the matcher checks (``value_sites``)
-VALUE_CHECKS = (FRACTION_CHECK, UNIQUE_CHECK, UNIQUE_CHECK_LISTED)
+VALUE_CHECKS = (FRACTION_CHECK, UNIQUE_CHECK, UNIQUE_CHECK_LISTED, UNIQUE_CHECK_OPEN)
 ANY_ORDER = "optional properties in any order"

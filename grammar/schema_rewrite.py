@@ -30,6 +30,7 @@ from jsonschema import Draft202012Validator
 
 from corral.grammar import rewrite_log as log
 from corral.grammar.errors import ConstraintError
+from corral.grammar.open_items import open_kinds
 from corral.grammar.schema_facts import (
     ALL_TYPES,
     ANNOTATIONS,
@@ -292,13 +293,20 @@ class KeywordRewrites:
             out[UNIQUE] = where
             self.a.record(where, "uniqueItems", log.UNIQUE_CHECK_LISTED)
             return
+        if checkable and open_kinds(items, target) is not None:
+            # open values: each can still be finished as one not held (``open_items``)
+            out[UNIQUE] = where
+            self.a.record(where, "uniqueItems", log.UNIQUE_CHECK_OPEN)
+            return
         if arrangements is None:
             self.a.refuse(
                 where,
                 "uniqueItems",
-                "'uniqueItems' can only be enforced over a small finite item domain, or over "
-                "strings with no bound but a 'minLength' and a 'pattern' that never runs out of "
-                "new strings, or listed strings (checked by the matcher)",
+                "'uniqueItems' can only be enforced over a small finite item domain, listed "
+                "strings, or open items (checked by the matcher): strings with no bound but a "
+                "'minLength' and a 'pattern' that never runs out of new strings, objects that "
+                "take further keys, arrays with no 'maxItems', numbers with no upper bound, "
+                "literals",
             )
             return
         others = sorted(ALL_TYPES - {"array"})

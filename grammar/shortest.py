@@ -14,9 +14,12 @@ model yields None or a completion the matcher refuses, never a silent "valid"):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from jsonschema import Draft202012Validator
+
+from corral.grammar.open_items import canonical
 from corral.grammar.schema_merge import merge
 from corral.grammar.shortest_numbers import (  # noqa: F401 - re-exported
     implied_types,
@@ -217,12 +220,36 @@ class JsonCloser:
             else:
                 shortest = self.shortest(item)
                 text = None if shortest is None else json.loads(shortest)
-                if not isinstance(text, str):
-                    return None
+                if not isinstance(text, str):  # open items (``open_items``): compared whole
+                    fresh = None if shortest is None else self._fresh(item, shortest, taken)
+                    if fresh is None:
+                        return None
+                    out.append(fresh)
+                    continue
                 text += fresh_suffix(text, taken) if text in taken else ""
             taken.add(text)
             out.append(self.dumps(text))
         return out
+
+    def _fresh(self, item: Schema, shortest: str, taken: set[str]) -> str | None:
+        """A text of an instance of `item` whose value (``open_items.canonical``) is not in
+        `taken` (which gains it): the shortest instance, or one grown from it (a number counted
+        up, a member's string given digits or its number counted up, another literal)."""
+        judge = Draft202012Validator({"$defs": self.root.get("$defs", {}), "allOf": [item]})
+        value = json.loads(shortest)
+        bases = [value]
+        if isinstance(value, dict):  # also with each declared member it lacks
+            for branch in self.branches(item):
+                props = branch.get("properties", {}) if isinstance(branch, dict) else {}
+                filled = ((k, self.shortest(sub)) for k, sub in props.items() if k not in value)
+                bases += [{**value, k: json.loads(v)} for k, v in filled if v is not None]
+        texts = (t for base in bases for t in _variants(base, len(taken) + 1))
+        for text in texts:
+            key = canonical(text.encode())
+            if key not in taken and judge.is_valid(json.loads(text)):
+                taken.add(key)
+                return text
+        return None
 
     def _listed_strings(self, node: Schema, depth: int = 0) -> list[str] | None:
         """The strings `node` lists (`enum`/`const`, or an `anyOf` of such), else None."""
@@ -315,3 +342,21 @@ def _spelt(value: Any) -> Schema:
             "maxItems": n,
         }
     return {"const": value}
+
+
+def _variants(value: Any, n: int) -> Iterator[str]:
+    """`value` and up to about `n` values grown from it, as compact text (``_fresh``)."""
+    yield json.dumps(value, separators=(",", ":"))
+    steps = range(1, n + 1)
+    if isinstance(value, bool) or value is None:
+        yield from ("true", "false", "null")
+    elif isinstance(value, int | float):
+        yield from (json.dumps(value + k) for k in steps)
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            if isinstance(v, str) or (isinstance(v, int | float) and not isinstance(v, bool)):
+                grown = (v + str(k) if isinstance(v, str) else v + k for k in steps)
+                yield from (json.dumps({**value, key: g}, separators=(",", ":")) for g in grown)
+        yield from (json.dumps({**value, f"k{k}": 0}, separators=(",", ":")) for k in steps)
+    elif isinstance(value, list):
+        yield from (json.dumps([*value, k], separators=(",", ":")) for k in steps)

@@ -25,6 +25,8 @@ index of tokens by the text before their quote), or open and close one.
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -32,6 +34,13 @@ import numpy as np
 
 from corral.grammar.distinct_keys import TokenIndex, decode_prefix, decode_string, token_index
 from corral.grammar.matcher import Matcher
+from corral.grammar.open_items import (
+    Closed,
+    canonical,
+    number_alive,
+    number_text_ok,
+    tail_alive,
+)
 from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
 from corral.grammar.value_sites import Sites
@@ -69,11 +78,12 @@ class Scan(NamedTuple):
     """Where the JSON text so far stands. Immutable: one per accepted token, for rollback.
 
     ``stack``: per open container, its automaton state, for an array the index of the item
-    being written (-1 for an object), and for an array whose items must not repeat, the string
-    items it holds (else None). ``site``: the state of the next value. ``text``: a key's bytes,
+    being written (-1 for an object), for an array whose items must not repeat, the items it
+    holds (strings, or open items' canonical values; else None), and for an array of open
+    items, the text of the item begun (bytes), True once it is finished, None before. ``site``: the state of the next value. ``text``: a key's bytes,
     a checked number's text, or a checked string item's bytes (``checked``)."""
 
-    stack: tuple[tuple[int, int, frozenset[str] | None], ...] = ()
+    stack: tuple[tuple[int, int, frozenset[str] | None, bytes | bool | None], ...] = ()
     mode: int = _VALUE
     escaped: bool = False
     text: bytes = b""
@@ -84,17 +94,28 @@ class Scan(NamedTuple):
 
 def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
     """``state`` after ``data``; None when they finish an integer where a fraction is due, leave
-    a number there that cannot become one, or finish a string item its unique array holds."""
+    a number there that cannot become one, or finish an item its unique array holds (or leave
+    one that can only be finished as such)."""
     stack, mode, escaped, text, site, key_next, checked = state
     for b in data:
         if mode == _NUMBER:
             if b in _NUMBER_BYTES:
                 if checked:
                     text += bytes((b,))
-                continue
-            if checked and not is_fraction(text.decode()):
-                return None
-            mode, text = _VALUE, b""
+            else:
+                if checked and not is_fraction(text.decode()):
+                    return None
+                mode, text = _VALUE, b""
+                stack = _ended(sites, stack)  # type: ignore[assignment]
+                if stack is None:
+                    return None
+        if any(isinstance(e[3], bytes) for e in stack):
+            stack = tuple(
+                (at, i, held, item + bytes((b,)) if isinstance(item, bytes) else item)
+                for at, i, held, item in stack
+            )
+        if mode == _NUMBER:
+            continue
         if mode in (_KEY, _STRING):
             if escaped:
                 escaped = False
@@ -102,13 +123,21 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
                 escaped = True
             elif b == _QUOTE:
                 if mode == _KEY:
-                    site = sites.key(stack[-1][0], decode_string(text))
-                elif checked:  # an item of an array whose items must not repeat
-                    at, i, held = stack[-1]
-                    item = decode_string(text)
-                    if item in held:  # type: ignore[operator]
+                    name = decode_string(text)
+                    site = sites.key(stack[-1][0], name)
+                    closed = _item_object(sites, stack)
+                    if closed is not None and name == closed.last:  # its value settles the item
+                        stack = (*stack[:-1], (*stack[-1][:3], _PENDING))
+                elif checked:  # a string item of an array whose items must not repeat
+                    at, i, held, item = stack[-1]
+                    value = decode_string(text)
+                    if value in held:  # type: ignore[operator]
                         return None
-                    stack = (*stack[:-1], (at, i, held | {item}))  # type: ignore[operator]
+                    stack = (*stack[:-1], (at, i, held | {value}, item))  # type: ignore[operator]
+                else:
+                    stack = _ended(sites, stack)  # type: ignore[assignment]
+                    if stack is None:
+                        return None
                 mode, text = _VALUE, b""
                 continue
             if mode == _KEY or checked:
@@ -118,24 +147,34 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
             continue
         if b in _WHITESPACE or b == ord(":"):
             continue
+        if _item_due(sites, stack, key_next) and b in _ITEM_STARTS:
+            stack = (*stack[:-1], (*stack[-1][:3], bytes((b,))))
+            if b in _LITERALS:  # true, false, null: settled by their first letter
+                stack = _settle(stack, _LITERALS[b])
+                if stack is None:
+                    return None
         if b == _QUOTE:
             if key_next:
                 mode, key_next = _KEY, False
             else:
-                mode, checked = _STRING, bool(stack) and stack[-1][2] is not None
+                mode = _STRING
+                checked = bool(stack) and stack[-1][2] is not None and not _opens(sites, stack)
         elif b == ord("{"):
-            stack, key_next = (*stack, (site, -1, None)), True
+            stack, key_next = (*stack, (site, -1, None, None)), True
         elif b == ord("["):
-            stack = (*stack, (site, 0, frozenset() if sites.unique[site] else None))
+            stack = (*stack, (site, 0, frozenset() if sites.unique[site] else None, None))
             site = sites.item(site, 0)
         elif b in b"}]":
             stack, key_next = stack[:-1], False
+            stack = _ended(sites, stack)  # type: ignore[assignment]
+            if stack is None:
+                return None
         elif b == ord(","):
             if stack and stack[-1][1] >= 0:
-                at, i, held = stack[-1]
+                at, i, held, _ = stack[-1]
                 if held is not None and not _listed_alive(sites, stack[-1], None):
                     return None  # every listed string is held: no further item can follow
-                stack = (*stack[:-1], (at, i + 1, held))
+                stack = (*stack[:-1], (at, i + 1, held, None))
                 site = sites.item(at, i + 1)
             else:
                 key_next = True
@@ -144,7 +183,118 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
             text = bytes((b,)) if checked else b""
     if mode == _NUMBER and checked and not alive(text.decode()):
         return None
+    if not _open_alive(sites, stack, mode):
+        return None
     return Scan(stack, mode, escaped, text, site, key_next, checked)
+
+
+#: the first byte of an item, and the value a literal's first letter settles
+_ITEM_STARTS = frozenset(b'"{[-0123456789tfn')
+_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
+
+
+def _opens(sites: Sites, stack: tuple) -> bool:
+    """Whether the innermost container is an array of open items that must not repeat."""
+    return bool(stack) and stack[-1][2] is not None and sites.opens[stack[-1][0]] is not None
+
+
+def _item_due(sites: Sites, stack: tuple, key_next: bool) -> bool:
+    """Whether the next value begins an item of such an array (none begun since its last
+    ``[`` or comma)."""
+    return not key_next and _opens(sites, stack) and stack[-1][3] is None
+
+
+def _item_open(stack: tuple) -> bool:
+    """Whether the innermost container's item is begun and not finished (its text is kept)."""
+    return bool(stack) and isinstance(stack[-1][3], bytes)
+
+
+def _item_object(sites: Sites, stack: tuple) -> Closed | None:
+    """When the innermost container is an item of an array of open items, and a closed object
+    (``open_items.Closed``): how it is settled."""
+    if len(stack) < 2 or stack[-1][1] != -1 or not _item_open(stack[:-1]):
+        return None
+    opens = sites.opens[stack[-2][0]]
+    return None if opens is None else opens.closed
+
+
+def _ended(sites: Sites, stack: tuple) -> tuple | None:
+    """The stack once the value being written ends: an open item is settled (None: its array
+    holds it), and the last open member of a closed object item leaves only its tail."""
+    if _item_open(stack):
+        return _settle(stack, stack[-1][3])
+    closed = _item_object(sites, stack)
+    if closed is None or stack[-1][3] != _PENDING:
+        return stack
+    at, i, held, item = stack[-2]
+    if not tail_alive(item, b"", closed, held):
+        return None
+    return (*stack[:-1], (*stack[-1][:3], len(item)))
+
+
+def _open_alive(sites: Sites, stack: tuple, mode: int) -> bool:
+    """Whether the open item being written can still be finished as one its array lacks: a
+    number item (or the number that is a closed object's last open member), or the tail of
+    a closed object item."""
+    if mode == _NUMBER and _item_open(stack):
+        at, _, held, item = stack[-1]
+        number, opens = item.decode(), sites.opens[at]
+        return number_text_ok(number, opens) and number_alive(
+            number, opens, lambda t: canonical(t.encode()) in held, len(held)
+        )
+    closed = _item_object(sites, stack)
+    if closed is None or stack[-1][3] is None:
+        return True
+    _, _, held, item = stack[-2]
+    slot = stack[-1][3]
+    if slot != _PENDING:
+        return tail_alive(item[:slot], item[slot:], closed, held)
+    if mode != _NUMBER:
+        return True
+    found = _NUMBER_END.search(item)
+    head, number = item[: found.start()], found.group().decode()  # type: ignore[union-attr]
+    return number_text_ok(number, closed.value) and number_alive(
+        number,
+        closed.value,
+        lambda t: not tail_alive(head + t.encode(), b"", closed, held),
+        len(held),
+    )
+
+
+def _string_start(text: bytes) -> int:
+    """Where the string ``text`` ends inside begins: its last quote that no backslash escapes."""
+    i = len(text) - 1
+    while True:
+        i = text.rindex(b'"', 0, i + 1)
+        slashes = len(text[:i]) - len(text[:i].rstrip(b"\\"))
+        if slashes % 2 == 0:
+            return i
+        i -= 1
+
+
+def _held_string(held: str, closed: Closed | None) -> str | None:
+    """The string a held item (canonical text) has where a settling string is written: the
+    item itself, or its closed object's last open member; None where it has none."""
+    value = json.loads(held)
+    if closed is not None:
+        value = value.get(closed.last) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
+
+
+#: an object's slot while its member that settles it is being written (else None, then the
+#: offset in the item's text where that member's value ended)
+_PENDING = -1
+_NUMBER_END = re.compile(rb"[-+.eE0-9]+$")
+
+
+def _settle(stack: tuple, item: bytes) -> tuple | None:
+    """The stack with the innermost array's item finished as ``item``'s value; None when the
+    array holds that value already."""
+    at, i, held, _ = stack[-1]
+    value = canonical(item)
+    if value in held:
+        return None
+    return (*stack[:-1], (at, i, held | {value}, True))
 
 
 def _listed_alive(sites: Sites, top: tuple, typed: bytes | None) -> bool:
@@ -162,6 +312,11 @@ class _Index(NamedTuple):
     starts: dict[bytes, np.ndarray]  # tokens by their first byte, and by their first two bytes
     commas: np.ndarray  # tokens with a comma
     quote_commas: np.ndarray  # tokens with a quote and a comma (they may end an item and go on)
+    closers: np.ndarray  # tokens with a `}` or a `]`
+    exits: np.ndarray  # tokens with a quote followed by a bracket, colon, comma or quote
+    leads: np.ndarray  # tokens that may begin a number or a literal that could be settled
+    runs: np.ndarray  # tokens of digits only, the first not 0 (they only grow an integer)
+    zero_runs: np.ndarray  # tokens of digits only, the first 0
 
 
 @lru_cache(maxsize=4)
@@ -170,6 +325,11 @@ def _index(tok: TokenizerInfo) -> _Index:
     digit = np.array([any(48 <= c <= 57 for c in t) for t in keys.bytes])
     quote = np.array([b'"' in t for t in keys.bytes])
     comma = np.array([b"," in t for t in keys.bytes])
+    closer = np.array([b"}" in t or b"]" in t for t in keys.bytes])
+    exit_ = np.array([_exits(t) for t in keys.bytes])
+    lead = np.array([_lead(t.lstrip(b" \t\r\n")) for t in keys.bytes])
+    run = np.array([t.isdigit() and t[:1] != b"0" for t in keys.bytes])
+    zero_run = np.array([t.isdigit() and t[:1] == b"0" for t in keys.bytes])
     starts: dict[bytes, list[int]] = {}
     for i, t in enumerate(keys.bytes):
         for head in {t[:1], t[:2]} - {b""}:
@@ -182,20 +342,39 @@ def _index(tok: TokenizerInfo) -> _Index:
         {k: np.asarray(v, dtype=np.int64) for k, v in starts.items()},
         np.flatnonzero(comma),
         np.flatnonzero(comma & quote),
+        np.flatnonzero(closer),
+        np.flatnonzero(exit_),
+        np.flatnonzero(lead),
+        np.flatnonzero(run),
+        np.flatnonzero(zero_run),
     )
+
+
+def _lead(token: bytes) -> bool:
+    """Whether ``token`` (past whitespace) begins a literal or a number that it may settle: a
+    number of digits only, begun with 1 to 9, can always grow into another integer."""
+    return token[:1] in (b"-", b"0", b"t", b"f", b"n") or (
+        token[:1].isdigit() and not token.isdigit()
+    )
+
+
+def _exits(token: bytes) -> bool:
+    quote = token.find(b'"')
+    return quote >= 0 and any(c in token[quote + 1 :] for c in b'}]:,"')
 
 
 class ValueChecksMatcher(ScanningMatcher):
     """A backend matcher whose numbers are never integers where fractions are due, and whose
     arrays never repeat a string item where items must be distinct (``scanning``)."""
 
-    __slots__ = ("_sites", "_index", "_kinds")
+    __slots__ = ("_sites", "_index", "_kinds", "_opened")
 
     def __init__(self, inner: Matcher, sites: Sites, tok: TokenizerInfo, eos: frozenset[int]):
         index = _index(tok)
         super().__init__(inner, eos, index.bytes, Scan())
         self._sites, self._index = sites, index
         self._kinds = (any(sites.fraction), any(sites.unique))
+        self._opened = any(o is not None for o in sites.opens)
 
     def _scan(self, state: Scan, data: bytes) -> Scan | None:
         return scan(self._sites, state, data)
@@ -210,10 +389,70 @@ class ValueChecksMatcher(ScanningMatcher):
         """The tokens that could finish a checked value from ``state`` (a superset): inside a
         checked number, every token the backend allows; else a number needs a digit, and a
         string item the quote that closes it (to repeat one it holds, exactly that item's rest
-        before it), or two quotes to open and close one."""
+        before it), or two quotes to open and close one; within an array of open items, those
+        of :meth:`_open_candidates` too."""
+        found = self._checked_candidates(state, words)
+        if self._opened and any(
+            _opens(self._sites, state.stack[: d + 1]) for d in range(len(state.stack))
+        ):
+            found = np.union1d(found, self._open_candidates(state, words))
+        return found
+
+    def _open_candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
+        """Within an array of open items, the tokens that could finish or settle an item: in a
+        number item, or a closed object item's settling number or tail, every token the backend
+        allows; in a string item or a settling string, those that close it as a value held
+        (:meth:`_settling_closings`, or go on past the quote); in another string, those that leave it and go on to a
+        bracket, colon, comma or quote; else those that close a container, and where an item
+        or a settling member may begin, those with a comma, those that begin a number or a
+        literal and those with two quotes (which open and close a string)."""
+        stack, sites, index = state.stack, self._sites, self._index
+        closed = _item_object(sites, stack)
+        slot = stack[-1][3] if closed is not None else None
+        settling = _item_open(stack) or slot == _PENDING
+        if slot not in (None, _PENDING):
+            return self._allowed(words)
+        if state.mode == _NUMBER and settling:
+            allowed = self._allowed(words)
+            item = stack[-1][3] if closed is None else stack[-2][3]
+            number = _NUMBER_END.search(item).group()  # type: ignore[union-attr]
+            if b"." in number:  # a digit may reach the most digits a number item may have
+                return allowed
+            safe = index.runs if number == b"-" else np.union1d(index.runs, index.zero_runs)
+            return np.setdiff1d(allowed, safe, assume_unique=True)
+        if state.mode == _STRING and settling:
+            return self._settling_closings(state, closed)
+        if state.mode in (_KEY, _STRING):
+            return index.exits
+        parts = [index.closers]
+        if _opens(sites, stack) or slot == _PENDING:
+            parts += [index.commas, index.leads, index.keys.two.ids]
+        return np.concatenate(parts)
+
+    def _settling_closings(self, state: Scan, closed: Closed | None) -> np.ndarray:
+        """In a string that settles an item (the item, or a closed object item's last open
+        member): the tokens that close it as a string some held item has there, and those whose
+        bytes before their quote are no plain string body (``distinct_keys``' index)."""
+        keys = self._index.keys
+        if closed is None:
+            held, item = state.stack[-1][2], state.stack[-1][3]
+        else:
+            held, item = state.stack[-2][2], state.stack[-2][3]
+        typed = decode_prefix(item[_string_start(item) + 1 :])
+        if typed is None:  # inside an escape or a UTF-8 sequence: check every closing token
+            return keys.one.ids
+        strings = (_held_string(h, closed) for h in held)
+        rests = [v[len(typed) :] for v in strings if v is not None and v.startswith(typed)]
+        hits = [np.asarray(keys.closing.get(r, ()), dtype=np.int64) for r in rests]
+        return np.concatenate([keys.key_extra.ids, self._index.exits, *hits])
+
+    def _allowed(self, words: np.ndarray) -> np.ndarray:
+        allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
+        return allowed[allowed < len(self._index.bytes)]
+
+    def _checked_candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
         if state.mode == _NUMBER and state.checked:
-            allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little"))
-            return allowed[allowed < len(self._index.bytes)]
+            return self._allowed(words)
         if self._in_listed(state):
             ids = self._listed_candidates(state)
             ids = ids[(words[ids >> 5] & (np.uint32(1) << (ids & 31).astype(np.uint32))) != 0]
@@ -241,7 +480,7 @@ class ValueChecksMatcher(ScanningMatcher):
         one and go on, that have a comma once at most one string is left, and those that
         begin or continue an escape (the backend also takes spellings such as `\\u000a`,
         which the check refuses: only the listed spellings lead to a listed string)."""
-        index, (at, _, held) = self._index, state.stack[-1]
+        index, (at, _, held, _) = self._index, state.stack[-1]
         listed = self._sites.listed[at]
         parts = [index.quote_commas]
         if len(held) + 1 >= len(listed.spelling):  # type: ignore[union-attr, arg-type]

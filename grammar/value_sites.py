@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.grammar.open_items import LITERAL_KEY, Kinds, OpenItems, intersect, open_kinds, union
 from corral.grammar.value_modes import (
     FRACTION,
     MARKS,
@@ -59,12 +60,14 @@ MAX_STATES = 4096
 class Sites:
     """The automaton: state 0 is the root. ``fraction[s]``: a number there must not be an
     integer; ``unique[s]``: an array there must not repeat an item; ``listed[s]``: for such an
-    array whose items are listed strings, those strings (:class:`Listed`), else None (open
-    strings)."""
+    array whose items are listed strings, those strings (:class:`Listed`), else None;
+    ``opens[s]``: for such an array whose items are open values other than open strings, how
+    they are read (``open_items``), else None."""
 
     fraction: list[bool] = field(default_factory=list)
     unique: list[bool] = field(default_factory=list)
     listed: list[Listed | None] = field(default_factory=list)
+    opens: list[OpenItems | None] = field(default_factory=list)
     keys: list[dict[str, int]] = field(default_factory=list)
     other: list[int] = field(default_factory=list)
     index: list[list[int]] = field(default_factory=list)
@@ -175,6 +178,7 @@ class _Builder:
         self.marked.append(unique[1] if self.modes.check(unique, "array") else None)
         s.unique.append(self.marked[-1] is not None)
         s.listed.append(None)
+        s.opens.append(None)
         s.keys.append({})
         s.other.append(-1)
         s.index.append([])
@@ -195,19 +199,32 @@ class _Builder:
 
     def _check_items(self, state: int) -> None:
         """Every item of a unique array is an open string, so a duplicate can be avoided, or
-        one of the same listed strings, so the matcher can steer clear of those it holds."""
+        one of the same listed strings, so the matcher can steer clear of those it holds, or an
+        open value (``open_items``), compared whole."""
         s = self.sites
         items = self.terms[s.rest[state]]
         if not s.index[state] and self._open(items) == "open":
             return
         listed = None if s.index[state] else self._listed(items)
-        if not listed:
+        if listed:
+            s.listed[state] = Listed.of(listed)
+            return
+        kinds = None if s.index[state] else self._open_kinds(items)
+        if kinds is None:
             raise SiteConflict(
                 self.marked[state] or "",
-                "the items of an array that must not repeat one may be other than open strings "
+                "the items of an array that must not repeat one may be other than open values "
                 "or one list of strings",
             )
-        s.listed[state] = Listed.of(listed)
+        s.opens[state] = kinds.summary()
+
+    def _open_kinds(self, term: Term) -> Kinds | None:
+        """The kinds of the open values every item at a position is (``open_items``)."""
+        what, parts = term
+        if what == "node":
+            return open_kinds(self.nodes[parts], self._target)
+        found = [self._open_kinds(t) for t in parts]
+        return intersect(found) if what == "and" else union(found)
 
     def _listed(self, term: Term) -> frozenset[str] | None:
         """The strings every item at a position is one of, when all its schemas list the
@@ -338,16 +355,13 @@ class _Builder:
         return True  # a reference the analysis does not emit: anything, conservatively
 
 
-_LITERAL = re.compile(r"\^((?:[A-Za-z0-9]|\\x\{[0-9a-f]+\})*)\$")
-
-
 def _patterns(node: dict) -> tuple[dict[str, Any], list[Any]]:
     """``node``'s pattern properties: those that match exactly one key (by that key), and the
     rest."""
     named: dict[str, Any] = {}
     loose: list[Any] = []
     for pattern, sub in node.get("patternProperties", {}).items():
-        m = _LITERAL.fullmatch(pattern)
+        m = LITERAL_KEY.fullmatch(pattern)
         if m is None:
             loose.append(sub)
         else:

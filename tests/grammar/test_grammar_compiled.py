@@ -30,7 +30,8 @@ SPECS = {
         }
     ),
     "json-lenient": ConstraintSpec.json_schema(
-        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, strict=False
+        {"type": "array", "items": {"type": "integer", "maximum": 999}, "uniqueItems": True},
+        strict=False,
     ),
     "regex": ConstraintSpec.regex(r"[A-Z]{2}-\d{3,5}"),
     "choice": ConstraintSpec.choice(["red", "green", "blue"]),
