@@ -217,7 +217,8 @@ def _closed(node: dict, target: Callable[[str], Any], depth: int) -> Closed | No
 
 def _listed(node: Any, target: Callable[[str], Any]) -> list | None:
     """The values a member declared after the last open one may take: a literal type or a list
-    of plain values (``enum``/``const``, with at most a ``type``), each valid there."""
+    of plain values (``enum``/``const`` of strings, integers and literals, with at most a
+    ``type``), each valid there."""
     if isinstance(node, dict) and set(node) == {"$ref"}:
         node = target(node["$ref"])
     if node is False:
@@ -231,8 +232,8 @@ def _listed(node: Any, target: Callable[[str], Any]) -> list | None:
         if not named or set(named) - {"boolean", "null"}:
             return None
         values = [v for t in named for v in ((True, False) if t == "boolean" else (None,))]
-    if any(isinstance(v, dict | list) for v in values):
-        return None
+    if any(isinstance(v, dict | list | float) for v in values):
+        return None  # one spelling only: the backend writes the float 1.0 as 1
     judge = Draft202012Validator(node)
     return [v for v in values if judge.is_valid(v)]
 

@@ -239,7 +239,9 @@ def test_walks_that_keep_repeating_items_never_stall(schema):
     assert refused > 0  # the walks did try to repeat items, and were steered away
 
 
-@pytest.mark.parametrize("schema", [ANY, EXTEND, COUNTS, NUMBERS, MIXED], ids=str)
+@pytest.mark.parametrize(
+    "schema", [ANY, OPEN, OWNER, EXTEND, COUNTS, NUMBERS, NATURALS, MIXED], ids=str
+)
 def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(schema, llama3_tokenizer):
     """The matcher scans only the tokens that could be refused (a superset); the oracle scans
     every token the backend allows. Over walks that repeat items, the masks agree."""
@@ -292,6 +294,12 @@ def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(schema, llama3_t
             "additionalProperties": False,
         },
         {"type": "object", "properties": {"a": {"type": "boolean"}}, "additionalProperties": False},
+        {  # a float after the last open member: the backend spells 1.0 as 1
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"enum": [1.0, "x"]}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
     ],
 )
 def test_refused_where_an_item_could_run_out_of_new_values(items, llama3_tokenizer):
