@@ -20,6 +20,7 @@ import copy
 import itertools
 import json
 
+from corral.grammar.open_items import canonical
 from corral.grammar.partial_values import (
     HIGH_SURROGATE,
     Frame,
@@ -70,14 +71,27 @@ class PartialJson(CharStream):
         # separator such as ", " is only complete with its space.
         self.sep: str | None = None
         self.ws = 0
+        # the text so far, and where the character being read sits in it (open items of an
+        # array whose items must not repeat are compared whole: ``open_items``)
+        self.text, self.pos = "", 0
 
     @classmethod
     def empty(cls, closer: JsonCloser) -> PartialJson:
         return cls(closer, [Frame("top", [closer.root], "", [frozenset()])])
 
+    def feed(self, text: str) -> None:
+        base = len(self.text)
+        self.text += text
+        for i, ch in enumerate(text):
+            if self.broken:
+                return
+            self.pos = base + i
+            self._char(ch)
+
     def copy(self) -> PartialJson:
         new = PartialJson(self.closer, [copy.copy(f) for f in self.stack])
         new.broken, new.sep, new.ws = self.broken, self.sep, self.ws
+        new.text, new.pos = self.text, self.pos
         new._closed = self._closed
         return new
 
@@ -138,6 +152,7 @@ class PartialJson(CharStream):
             frame.kind = "string"
         else:
             frame.text = ch
+        frame.start = self.pos
         self.stack.append(frame)
 
     def _string_char(self, top: Frame, ch: str) -> None:
@@ -187,6 +202,9 @@ class PartialJson(CharStream):
             parent.count += 1
             if done.kind == "string":
                 parent.held += (done.text,)
+            elif _unique(parent.schemas):  # an open item, compared whole
+                end = self.pos + (done.kind != "scalar")  # a number ends before its delimiter
+                parent.held += (canonical(self.text[done.start : end].encode()),)
 
     # ---- closing -----------------------------------------------------------------------------
 
@@ -234,7 +252,7 @@ class PartialJson(CharStream):
         above = None if inner is None else inner.kind
         key = (f.kind, f.state, f.keys, f.count, f.key, above, f.pointer, *map(id, f.schemas))
         # an array whose items must not repeat depends on the open item's text (`_taken`)
-        fresh = above == "key" or (above == "string" and _unique(f.schemas))
+        fresh = above == "key" or (above is not None and _unique(f.schemas))
         if fresh or key not in self._closed:
             options = [self._close_container(f, b, inner) for b in f.schemas]
             if above == "key":
@@ -266,8 +284,11 @@ class PartialJson(CharStream):
             if need > MAX_FILL:
                 return None
             start = f.count + (above is not None)
-            taken = self._taken(f, node, inner)
-            if taken is not None:  # string items that must not repeat
+            unique = _unique([node])
+            taken = self._taken(f, node, inner) if unique else None
+            if unique and taken is None:
+                return None
+            if taken is not None:  # items that must not repeat
                 items = c.distinct_items(node, start, max(need, 0), taken)  # type: ignore[arg-type]
             else:
                 items = [c.shortest(c.child(node, i)) for i in range(start, start + max(need, 0))]
@@ -327,16 +348,25 @@ class PartialJson(CharStream):
         return best
 
     def _taken(self, f: Frame, node: Schema, inner: Frame | None) -> set[str] | None:
-        """For an array under `node` whose items must not repeat: the strings it holds once
-        `inner` (an open item) is finished as its closing finishes it; None otherwise."""
-        if not _unique([node]):
-            return None
+        """For an array under `node` whose items must not repeat: the items it holds once
+        `inner` (an open item) is finished as its closing finishes it (strings decoded, other
+        items ``open_items.canonical``); None when that would repeat one it holds."""
         taken = set(f.held)
         if inner is not None and inner.kind == "string":  # finished as its shortest branch
             ends = (finish_string(inner, b, f.held) for b in inner.schemas)
             found = [e for e in ends if e is not None]
             if found:
                 taken.add(min(found, key=lambda e: len(e[0]))[1])
+        elif inner is not None:  # an open item: finished as its own closing finishes it
+            typed = self.text[inner.start :]
+            schema = self.closer.child(node, f.count)
+            item = PartialJson(self.closer, [Frame("top", [schema], "", [frozenset()])])
+            item.feed(typed)
+            end = item.closing()
+            value = None if end is None else canonical((typed + end[0]).encode())
+            if value is None or value in taken:
+                return None  # no closing known that does not repeat an item
+            taken.add(value)
         return taken
 
 

@@ -46,8 +46,10 @@ class Frame:
     keys: tuple[str, ...] = ()
     count: int = 0
     key: str = ""
-    #: an array's string items so far (decoded), which items that must not repeat avoid
+    #: an array's string items so far (decoded) and its other items (``open_items.canonical``),
+    #: which items that must not repeat avoid
     held: tuple[str, ...] = ()
+    start: int = 0  # where the value begins in the text
 
 
 def finish_leaf(

@@ -15,7 +15,13 @@ import random
 
 import pytest
 import torch
-from grammar_walkers import allowed_ids, byte_tokenizer, decode, no_repeats
+from grammar_walkers import (
+    allowed_ids,
+    assert_closings_valid,
+    byte_tokenizer,
+    decode,
+    no_repeats,
+)
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
@@ -318,3 +324,25 @@ def test_budget_closing_fills_distinct_items(schema, llama3_tokenizer):
     assert shortest is not None
     assert Draft202012Validator(at_least).is_valid(json.loads(shortest)), shortest
     assert _accepts(_compile(at_least, llama3_tokenizer), shortest, llama3_tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("schema", "items"),
+    [
+        (EXTEND, [{"path": "", "optional": True}, {"path": ""}, {"path": "", "kind": "a"}]),
+        (COUNTS, [{"type": "", "max": 0}, {}, {"max": 1}, {"type": ""}]),
+        (OPEN, [{"a": 1}, {}, {"a": 12, "b": [1]}]),
+        (NATURALS, [0, 1, 10, 2]),
+        (ANY, [0, [], {}, "", 1, [0]]),
+    ],
+    ids=str,
+)
+def test_budget_closings_of_every_prefix_repeat_no_item(schema, items, llama3_tokenizer):
+    """Fed one character at a time, the closer finishes the open item and fills `minItems`
+    with values the array does not hold, or proposes nothing where the open item's closing
+    would repeat one (before, an open item was not followed: its closing or the fill after it
+    could repeat one, which the matcher refused, and budget closing stopped steering)."""
+    at_least = {**schema, "minItems": 3}
+    c = _compile(at_least, llama3_tokenizer)
+    text = json.dumps(items, separators=(",", ":"))
+    assert assert_closings_valid(at_least, c, text, llama3_tokenizer) >= len(text) * 2 // 3
