@@ -1,14 +1,16 @@
 """Items that can always be written as one not yet held: ``uniqueItems`` beyond strings.
 
-An array whose items must not repeat is checked by the matcher (``value_checks``): a token that
+An array whose items must not repeat is checked by the matcher (``value_scan``): a token that
 would finish an item equal to one the array holds is refused. That is exact only where refusing
 never leaves a dead end: every prefix of an item that the backend allows must still be finishable
 as infinitely many values, or be settled at once and checked there. :func:`open_kinds` proves it
 from the analysed item schema, type by type:
 
 * an object that takes further keys (``additionalProperties`` absent or true, no
-  ``maxProperties``, ``propertyNames`` or ``patternProperties``): before its ``}`` another key
-  can always be added, whatever the members so far;
+  ``maxProperties`` or ``propertyNames``, patterns only of one key each, as ``schema_order``
+  writes declared keys): before its ``}`` another key can always be added;
+* a closed object (:class:`Closed`): settled once its last open member is finished, after
+  which only members of a few listed values may follow, each way of writing them checked;
 * an array with no ``maxItems`` (nor ``prefixItems``, ``contains``) whose item schema plainly has
   an instance: before its ``]`` another item can always be added;
 * a string as ``Modes.open_string`` reads one (at most a ``minLength`` and a ``pattern`` that

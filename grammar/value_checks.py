@@ -1,307 +1,46 @@
-"""Values checked at value boundaries, at the sites ``value_sites`` finds.
+"""The checks at value boundaries as a matcher: the mask, at the sites ``value_sites`` finds.
 
 :class:`ValueChecksMatcher` wraps a backend matcher, follows the JSON text token by token
-(:func:`scan`, which knows the automaton state of every open value) and takes out of the mask,
-out of ``accept`` and out of the forced continuation every token that would
-
-* finish an integer where a number must not be one, or leave a number there that no
-  continuation can make a fraction;
-* close a string item that its array, whose items must not repeat, already holds.
-
-The judge reads numbers as Python floats (``jsonschema``: ``1.0000000000000001`` is the float
-1.0, an integer), so a fraction here is written in plain decimal with at most
-:data:`MAX_DIGITS` significant digits and at least one non-zero digit after the point: within
-15 significant digits a decimal that is not an integer stays one as a float, and every such
-decimal has that spelling. No dead end: a number is refused as soon as it has no room left for
-a non-zero decimal (an integer part of 15 digits, or an exponent), and a site's number is never
-bounded (``value_sites`` refuses that), so a digit or a point always continues it; a unique
-array's items are open strings, so an item begun can always be finished as a new one.
+(``value_scan.scan``, which knows the automaton state of every open value) and takes out of the
+mask, out of ``accept`` and out of the forced continuation every token the scan refuses: an
+integer where a fraction is due, an item its unique array holds (``value_scan`` says which).
 
 Cost: only tokens that can finish a checked value are scanned: inside a checked number, those
 the backend allows there; elsewhere, tokens with a digit (inside a string: a digit and a
 quote), and for string items the tokens that would close one as an item held (``distinct_keys``'
-index of tokens by the text before their quote), or open and close one.
+index of tokens by the text before their quote), or open and close one; within an array of open
+items, those that could finish or settle one (:meth:`ValueChecksMatcher._open_candidates`).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
 
-from corral.grammar.distinct_keys import TokenIndex, decode_prefix, decode_string, token_index
+from corral.grammar.distinct_keys import TokenIndex, decode_prefix, token_index
 from corral.grammar.matcher import Matcher
-from corral.grammar.open_items import (
-    Closed,
-    canonical,
-    number_alive,
-    number_text_ok,
-    tail_alive,
-)
+from corral.grammar.open_items import Closed
 from corral.grammar.scanning import ScanningMatcher
 from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.value_scan import (
+    KEY,
+    NUMBER,
+    NUMBER_END,
+    PENDING,
+    STRING,
+    WHITESPACE,
+    Scan,
+    held_string,
+    is_fraction,
+    item_object,
+    item_open,
+    opens_here,
+    scan,
+    string_start,
+)
 from corral.grammar.value_sites import Sites
-
-#: Most significant digits of a fraction at a site (the float judge's exact range).
-MAX_DIGITS = 15
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_VALUE, _KEY, _STRING, _NUMBER = range(4)
-_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
-_WHITESPACE = frozenset(b" \t\r\n")
-
-
-def is_fraction(text: str) -> bool:
-    """Whether a number's text, finished, is a fraction as a site wants one."""
-    if any(c in text for c in "eE+"):
-        return False
-    whole, _, part = text.lstrip("-").partition(".")
-    return _significant(whole, part) <= MAX_DIGITS and part.strip("0") != ""
-
-
-def alive(text: str) -> bool:
-    """Whether a number begun with ``text`` can still be finished as a fraction."""
-    if any(c in text for c in "eE+"):
-        return False
-    whole, _, part = text.lstrip("-").partition(".")
-    digits = _significant(whole, part)
-    return digits <= MAX_DIGITS and (part.strip("0") != "" or digits < MAX_DIGITS)
-
-
-def _significant(whole: str, part: str) -> int:
-    return len((whole + part).lstrip("0"))
-
-
-class Scan(NamedTuple):
-    """Where the JSON text so far stands. Immutable: one per accepted token, for rollback.
-
-    ``stack``: per open container, its automaton state, for an array the index of the item
-    being written (-1 for an object), for an array whose items must not repeat, the items it
-    holds (strings, or open items' canonical values; else None), and for an array of open
-    items, the text of the item begun (bytes), True once it is finished, None before. ``site``: the state of the next value. ``text``: a key's bytes,
-    a checked number's text, or a checked string item's bytes (``checked``)."""
-
-    stack: tuple[tuple[int, int, frozenset[str] | None, bytes | bool | None], ...] = ()
-    mode: int = _VALUE
-    escaped: bool = False
-    text: bytes = b""
-    site: int = 0
-    key_next: bool = False
-    checked: bool = False
-
-
-def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
-    """``state`` after ``data``; None when they finish an integer where a fraction is due, leave
-    a number there that cannot become one, or finish an item its unique array holds (or leave
-    one that can only be finished as such)."""
-    stack, mode, escaped, text, site, key_next, checked = state
-    for b in data:
-        if mode == _NUMBER:
-            if b in _NUMBER_BYTES:
-                if checked:
-                    text += bytes((b,))
-            else:
-                if checked and not is_fraction(text.decode()):
-                    return None
-                mode, text = _VALUE, b""
-                stack = _ended(sites, stack)  # type: ignore[assignment]
-                if stack is None:
-                    return None
-        if any(isinstance(e[3], bytes) for e in stack):
-            stack = tuple(
-                (at, i, held, item + bytes((b,)) if isinstance(item, bytes) else item)
-                for at, i, held, item in stack
-            )
-        if mode == _NUMBER:
-            continue
-        if mode in (_KEY, _STRING):
-            if escaped:
-                escaped = False
-            elif b == _BACKSLASH:
-                escaped = True
-            elif b == _QUOTE:
-                if mode == _KEY:
-                    name = decode_string(text)
-                    site = sites.key(stack[-1][0], name)
-                    closed = _item_object(sites, stack)
-                    if closed is not None and name == closed.last:  # its value settles the item
-                        stack = (*stack[:-1], (*stack[-1][:3], _PENDING))
-                elif checked:  # a string item of an array whose items must not repeat
-                    at, i, held, item = stack[-1]
-                    value = decode_string(text)
-                    if value in held:  # type: ignore[operator]
-                        return None
-                    stack = (*stack[:-1], (at, i, held | {value}, item))  # type: ignore[operator]
-                else:
-                    stack = _ended(sites, stack)  # type: ignore[assignment]
-                    if stack is None:
-                        return None
-                mode, text = _VALUE, b""
-                continue
-            if mode == _KEY or checked:
-                text += bytes((b,))
-                if checked and not _listed_alive(sites, stack[-1], text):
-                    return None
-            continue
-        if b in _WHITESPACE or b == ord(":"):
-            continue
-        if _item_due(sites, stack, key_next) and b in _ITEM_STARTS:
-            stack = (*stack[:-1], (*stack[-1][:3], bytes((b,))))
-            if b in _LITERALS:  # true, false, null: settled by their first letter
-                stack = _settle(stack, _LITERALS[b])
-                if stack is None:
-                    return None
-        if b == _QUOTE:
-            if key_next:
-                mode, key_next = _KEY, False
-            else:
-                mode = _STRING
-                checked = bool(stack) and stack[-1][2] is not None and not _opens(sites, stack)
-        elif b == ord("{"):
-            stack, key_next = (*stack, (site, -1, None, None)), True
-        elif b == ord("["):
-            stack = (*stack, (site, 0, frozenset() if sites.unique[site] else None, None))
-            site = sites.item(site, 0)
-        elif b in b"}]":
-            stack, key_next = stack[:-1], False
-            stack = _ended(sites, stack)  # type: ignore[assignment]
-            if stack is None:
-                return None
-        elif b == ord(","):
-            if stack and stack[-1][1] >= 0:
-                at, i, held, _ = stack[-1]
-                if held is not None and not _listed_alive(sites, stack[-1], None):
-                    return None  # every listed string is held: no further item can follow
-                stack = (*stack[:-1], (at, i + 1, held, None))
-                site = sites.item(at, i + 1)
-            else:
-                key_next = True
-        elif b == ord("-") or 48 <= b <= 57:  # a number starts (letters: true, false, null)
-            mode, checked = _NUMBER, sites.fraction[site]
-            text = bytes((b,)) if checked else b""
-    if mode == _NUMBER and checked and not alive(text.decode()):
-        return None
-    if not _open_alive(sites, stack, mode):
-        return None
-    return Scan(stack, mode, escaped, text, site, key_next, checked)
-
-
-#: the first byte of an item, and the value a literal's first letter settles
-_ITEM_STARTS = frozenset(b'"{[-0123456789tfn')
-_LITERALS = {ord("t"): b"true", ord("f"): b"false", ord("n"): b"null"}
-
-
-def _opens(sites: Sites, stack: tuple) -> bool:
-    """Whether the innermost container is an array of open items that must not repeat."""
-    return bool(stack) and stack[-1][2] is not None and sites.opens[stack[-1][0]] is not None
-
-
-def _item_due(sites: Sites, stack: tuple, key_next: bool) -> bool:
-    """Whether the next value begins an item of such an array (none begun since its last
-    ``[`` or comma)."""
-    return not key_next and _opens(sites, stack) and stack[-1][3] is None
-
-
-def _item_open(stack: tuple) -> bool:
-    """Whether the innermost container's item is begun and not finished (its text is kept)."""
-    return bool(stack) and isinstance(stack[-1][3], bytes)
-
-
-def _item_object(sites: Sites, stack: tuple) -> Closed | None:
-    """When the innermost container is an item of an array of open items, and a closed object
-    (``open_items.Closed``): how it is settled."""
-    if len(stack) < 2 or stack[-1][1] != -1 or not _item_open(stack[:-1]):
-        return None
-    opens = sites.opens[stack[-2][0]]
-    return None if opens is None else opens.closed
-
-
-def _ended(sites: Sites, stack: tuple) -> tuple | None:
-    """The stack once the value being written ends: an open item is settled (None: its array
-    holds it), and the last open member of a closed object item leaves only its tail."""
-    if _item_open(stack):
-        return _settle(stack, stack[-1][3])
-    closed = _item_object(sites, stack)
-    if closed is None or stack[-1][3] != _PENDING:
-        return stack
-    at, i, held, item = stack[-2]
-    if not tail_alive(item, b"", closed, held):
-        return None
-    return (*stack[:-1], (*stack[-1][:3], len(item)))
-
-
-def _open_alive(sites: Sites, stack: tuple, mode: int) -> bool:
-    """Whether the open item being written can still be finished as one its array lacks: a
-    number item (or the number that is a closed object's last open member), or the tail of
-    a closed object item."""
-    if mode == _NUMBER and _item_open(stack):
-        at, _, held, item = stack[-1]
-        number, opens = item.decode(), sites.opens[at]
-        return number_text_ok(number, opens) and number_alive(
-            number, opens, lambda t: canonical(t.encode()) in held, len(held)
-        )
-    closed = _item_object(sites, stack)
-    if closed is None or stack[-1][3] is None:
-        return True
-    _, _, held, item = stack[-2]
-    slot = stack[-1][3]
-    if slot != _PENDING:
-        return tail_alive(item[:slot], item[slot:], closed, held)
-    if mode != _NUMBER:
-        return True
-    found = _NUMBER_END.search(item)
-    head, number = item[: found.start()], found.group().decode()  # type: ignore[union-attr]
-    return number_text_ok(number, closed.value) and number_alive(
-        number,
-        closed.value,
-        lambda t: not tail_alive(head + t.encode(), b"", closed, held),
-        len(held),
-    )
-
-
-def _string_start(text: bytes) -> int:
-    """Where the string ``text`` ends inside begins: its last quote that no backslash escapes."""
-    i = len(text) - 1
-    while True:
-        i = text.rindex(b'"', 0, i + 1)
-        slashes = len(text[:i]) - len(text[:i].rstrip(b"\\"))
-        if slashes % 2 == 0:
-            return i
-        i -= 1
-
-
-def _held_string(held: str, closed: Closed | None) -> str | None:
-    """The string a held item (canonical text) has where a settling string is written: the
-    item itself, or its closed object's last open member; None where it has none."""
-    value = json.loads(held)
-    if closed is not None:
-        value = value.get(closed.last) if isinstance(value, dict) else None
-    return value if isinstance(value, str) else None
-
-
-#: an object's slot while its member that settles it is being written (else None, then the
-#: offset in the item's text where that member's value ended)
-_PENDING = -1
-_NUMBER_END = re.compile(rb"[-+.eE0-9]+$")
-
-
-def _settle(stack: tuple, item: bytes) -> tuple | None:
-    """The stack with the innermost array's item finished as ``item``'s value; None when the
-    array holds that value already."""
-    at, i, held, _ = stack[-1]
-    value = canonical(item)
-    if value in held:
-        return None
-    return (*stack[:-1], (at, i, held | {value}, True))
-
-
-def _listed_alive(sites: Sites, top: tuple, typed: bytes | None) -> bool:
-    """For an array whose items are listed strings: whether one it does not hold is spelt
-    from ``typed`` (the item's bytes so far; None: a new item). True for open strings."""
-    listed = sites.listed[top[0]]
-    return listed is None or listed.any_left(top[2], typed)
 
 
 class _Index(NamedTuple):
@@ -381,9 +120,7 @@ class ValueChecksMatcher(ScanningMatcher):
 
     def _finished(self, state: Scan) -> bool:
         """Whether the text may end here (a number at a site must be a fraction)."""
-        return not (
-            state.mode == _NUMBER and state.checked and not is_fraction(state.text.decode())
-        )
+        return not (state.mode == NUMBER and state.checked and not is_fraction(state.text.decode()))
 
     def _candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
         """The tokens that could finish a checked value from ``state`` (a superset): inside a
@@ -393,7 +130,7 @@ class ValueChecksMatcher(ScanningMatcher):
         of :meth:`_open_candidates` too."""
         found = self._checked_candidates(state, words)
         if self._opened and any(
-            _opens(self._sites, state.stack[: d + 1]) for d in range(len(state.stack))
+            opens_here(self._sites, state.stack[: d + 1]) for d in range(len(state.stack))
         ):
             found = np.union1d(found, self._open_candidates(state, words))
         return found
@@ -407,25 +144,25 @@ class ValueChecksMatcher(ScanningMatcher):
         or a settling member may begin, those with a comma, those that begin a number or a
         literal and those with two quotes (which open and close a string)."""
         stack, sites, index = state.stack, self._sites, self._index
-        closed = _item_object(sites, stack)
+        closed = item_object(sites, stack)
         slot = stack[-1][3] if closed is not None else None
-        settling = _item_open(stack) or slot == _PENDING
-        if slot not in (None, _PENDING):
+        settling = item_open(stack) or slot == PENDING
+        if slot not in (None, PENDING):
             return self._allowed(words)
-        if state.mode == _NUMBER and settling:
+        if state.mode == NUMBER and settling:
             allowed = self._allowed(words)
             item = stack[-1][3] if closed is None else stack[-2][3]
-            number = _NUMBER_END.search(item).group()  # type: ignore[union-attr]
+            number = NUMBER_END.search(item).group()  # type: ignore[union-attr]
             if b"." in number:  # a digit may reach the most digits a number item may have
                 return allowed
             safe = index.runs if number == b"-" else np.union1d(index.runs, index.zero_runs)
             return np.setdiff1d(allowed, safe, assume_unique=True)
-        if state.mode == _STRING and settling:
+        if state.mode == STRING and settling:
             return self._settling_closings(state, closed)
-        if state.mode in (_KEY, _STRING):
+        if state.mode in (KEY, STRING):
             return index.exits
         parts = [index.closers]
-        if _opens(sites, stack) or slot == _PENDING:
+        if opens_here(sites, stack) or slot == PENDING:
             parts += [index.commas, index.leads, index.keys.two.ids]
         return np.concatenate(parts)
 
@@ -438,10 +175,10 @@ class ValueChecksMatcher(ScanningMatcher):
             held, item = state.stack[-1][2], state.stack[-1][3]
         else:
             held, item = state.stack[-2][2], state.stack[-2][3]
-        typed = decode_prefix(item[_string_start(item) + 1 :])
+        typed = decode_prefix(item[string_start(item) + 1 :])
         if typed is None:  # inside an escape or a UTF-8 sequence: check every closing token
             return keys.one.ids
-        strings = (_held_string(h, closed) for h in held)
+        strings = (held_string(h, closed) for h in held)
         rests = [v[len(typed) :] for v in strings if v is not None and v.startswith(typed)]
         hits = [np.asarray(keys.closing.get(r, ()), dtype=np.int64) for r in rests]
         return np.concatenate([keys.key_extra.ids, self._index.exits, *hits])
@@ -451,7 +188,7 @@ class ValueChecksMatcher(ScanningMatcher):
         return allowed[allowed < len(self._index.bytes)]
 
     def _checked_candidates(self, state: Scan, words: np.ndarray) -> np.ndarray:
-        if state.mode == _NUMBER and state.checked:
+        if state.mode == NUMBER and state.checked:
             return self._allowed(words)
         if self._in_listed(state):
             ids = self._listed_candidates(state)
@@ -459,10 +196,10 @@ class ValueChecksMatcher(ScanningMatcher):
             return np.unique(ids)
         fraction, unique = self._kinds
         index, keys = self._index, self._index.keys
-        in_string = state.mode in (_KEY, _STRING)
+        in_string = state.mode in (KEY, STRING)
         parts = [index.quoted if in_string else index.digits] if fraction else []
         if unique:
-            if state.mode == _STRING and state.checked:
+            if state.mode == STRING and state.checked:
                 parts.append(self._closing(state))
             else:
                 parts.append(keys.three.ids if in_string else keys.two.ids)
@@ -485,7 +222,7 @@ class ValueChecksMatcher(ScanningMatcher):
         parts = [index.quote_commas]
         if len(held) + 1 >= len(listed.spelling):  # type: ignore[union-attr, arg-type]
             parts.append(index.commas)
-        inside = state.mode == _STRING and state.checked
+        inside = state.mode == STRING and state.checked
         if inside and b"\\" in state.text[-6:]:  # within an escape: the backend may take other
             return np.arange(len(index.bytes))  # spellings (`\\u000a`) than the listed ones
         heads = {b"\\"} if inside else {b'"\\'}  # an escape may be spelt otherwise
@@ -496,7 +233,7 @@ class ValueChecksMatcher(ScanningMatcher):
             elif spelt.startswith(state.text):
                 heads.add(spelt[len(state.text) : len(state.text) + 1])
         if held and not inside:
-            heads.update(bytes((w,)) for w in _WHITESPACE)
+            heads.update(bytes((w,)) for w in WHITESPACE)
         empty = np.zeros(0, dtype=np.int64)
         parts += [index.starts.get(head, empty) for head in heads]
         return np.concatenate(parts)

@@ -157,7 +157,7 @@ def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(llama3_tokenizer
     that way unless the check refuses the `u`)."""
     import random
 
-    from corral.grammar.value_checks import scan
+    from corral.grammar.value_scan import scan
 
     tok = llama3_tokenizer
     schema = {

@@ -1,5 +1,5 @@
 """`uniqueItems` over open items (objects, arrays, numbers, literals, mixed), checked at value
-boundaries (`grammar/open_items.py`, `grammar/value_checks.py`): the matcher refuses a token
+boundaries (`grammar/open_items.py`, `grammar/value_scan.py`): the matcher refuses a token
 that would finish an item equal, as the judge compares them, to one the array holds, and every
 token that would leave an item only such values; a closed object is settled at its last open
 member, and what may follow it is listed.
@@ -29,7 +29,8 @@ from corral.grammar.compiled import CompiledConstraint
 from corral.grammar.rewrite_log import UNIQUE_CHECK_OPEN
 from corral.grammar.shortest import JsonCloser
 from corral.grammar.spec import JsonFormat
-from corral.grammar.value_checks import ValueChecksMatcher, scan
+from corral.grammar.value_checks import ValueChecksMatcher
+from corral.grammar.value_scan import scan
 from corral.grammar.walk import accepts
 
 

@@ -24,7 +24,8 @@ from corral.grammar.compiler import checked_marks
 from corral.grammar.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
 from corral.grammar.schema_analysis import analyze_schema
 from corral.grammar.shortest import JsonCloser
-from corral.grammar.value_checks import MAX_DIGITS, ValueChecksMatcher, alive, is_fraction
+from corral.grammar.value_checks import ValueChecksMatcher
+from corral.grammar.value_scan import MAX_DIGITS, alive, is_fraction
 from corral.grammar.value_sites import FRACTION, value_sites
 from corral.grammar.walk import accepts
 
