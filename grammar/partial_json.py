@@ -21,6 +21,7 @@ import itertools
 import json
 
 from corral.grammar.open_items import canonical
+from corral.grammar.partial_members import cheapest_member, in_order, next_names, pattern_names
 from corral.grammar.partial_values import (
     HIGH_SURROGATE,
     Frame,
@@ -35,7 +36,6 @@ from corral.grammar.shortest import (
     MAX_FILL,
     JsonCloser,
     Schema,
-    complete_string,
 )
 from corral.grammar.value_sites import UNIQUE
 
@@ -307,10 +307,10 @@ class PartialJson(CharStream):
             head = (c.colon if f.state == "colon" else "") + value
             cut.append(f.pointer + "/" + pointer_escape(f.key))
         members = c.required_members(node, f.keys)
-        if members and f.keys and not _in_order(node, f.keys[-1], members):
+        if members and f.keys and not in_order(node, f.keys[-1], members):
             return None  # declared properties come in declared order: these cannot follow
         if members is not None and f.state == "key" and not members:
-            members = _cheapest_member(c, node, f.keys)  # after a comma a property must follow
+            members = cheapest_member(c, node, f.keys)  # after a comma a property must follow
         if members is None:
             return None
         cut += [f.pointer + "/" + pointer_escape(m[0]) for m in members]
@@ -326,18 +326,18 @@ class PartialJson(CharStream):
         if key.escape or not isinstance(node, dict):
             return None
         typed = key.text
-        later, undeclared = _next_names(node, f.keys)
+        later, undeclared = next_names(node, f.keys)
         names = [n for n in later if n.startswith(typed)]
         if undeclared:  # itself, or extended where it would repeat a name (a repeated key)
             taken = {*f.keys, *node.get("properties", {})}
             fresh = (typed + s for s in itertools.chain([""], map(str, itertools.count())))
             names.append(next(n for n in fresh if n not in taken))
-        names += _pattern_names(node, typed, f.keys)
+        names += pattern_names(node, typed, f.keys)
         best = None
         for name in names:
             value = c.shortest(c.child(node, name))
             rest = c.required_members(node, (*f.keys, name))
-            if value is None or rest is None or not _in_order(node, name, rest):
+            if value is None or rest is None or not in_order(node, name, rest):
                 continue
             text = c.dumps(name[len(typed) :])[1:] + c.colon + value
             texts = [c.dumps(k) + c.colon + v for k, v in rest]
@@ -370,50 +370,5 @@ class PartialJson(CharStream):
         return taken
 
 
-def _pattern_names(node: dict, typed: str, present: tuple[str, ...]) -> list[str]:
-    """Names a `patternProperties` key begun as `typed` may be finished as (the shortest for
-    each pattern), where the object does not hold them yet."""
-    out = []
-    for pattern in node.get("patternProperties", {}):
-        rest = complete_string({"type": "string", "pattern": pattern}, typed)
-        if rest is not None and typed + rest not in present:
-            out.append(typed + rest)
-    return out
-
-
 def _unique(schemas: list[Schema]) -> bool:
     return any(isinstance(b, dict) and UNIQUE in b for b in schemas)
-
-
-def _next_names(node: dict, present: tuple[str, ...]) -> tuple[list[str], bool]:
-    """The declared property names that may follow `present`, and whether an undeclared one
-    may: the grammar writes declared properties first, in declared order, then the others."""
-    order = {name: i for i, name in enumerate(node.get("properties", {}))}
-    undeclared = node.get("additionalProperties", True) is not False
-    if any(k not in order for k in present):
-        return [], undeclared
-    last = max((order[k] for k in present), default=-1)
-    return [n for n, i in order.items() if i > last], undeclared
-
-
-def _in_order(node: dict, name: str, rest: list[tuple[str, str]]) -> bool:
-    """Whether the missing required properties `rest` may still follow property `name`."""
-    order = node.get("properties", {})
-    if name not in order:
-        return all(k not in order for k, _ in rest)
-    names = list(order)
-    return all(k not in order or names.index(k) > names.index(name) for k, _ in rest)
-
-
-def _cheapest_member(c: JsonCloser, node: Schema, present: tuple[str, ...]):
-    """[(name, value)]: the shortest property `node` still allows, or None."""
-    if not isinstance(node, dict):
-        return None
-    names, undeclared = _next_names(node, present)
-    if undeclared and "" not in present and "" not in node.get("properties", {}):
-        names.append("")
-    names += _pattern_names(node, "", present)
-    options = [(n, c.shortest(c.child(node, n))) for n in names]
-    options = [(n, v) for n, v in options if v is not None]
-    best = min(options, key=lambda o: len(c.dumps(o[0])) + len(o[1]), default=None)
-    return None if best is None else [best]

@@ -113,7 +113,7 @@ class ValueChecksMatcher(ScanningMatcher):
         super().__init__(inner, eos, index.bytes, Scan())
         self._sites, self._index = sites, index
         self._kinds = (any(sites.fraction), any(sites.unique))
-        self._opened = any(o is not None for o in sites.opens)
+        self._opened = sites.has_opens
 
     def _scan(self, state: Scan, data: bytes) -> Scan | None:
         return scan(self._sites, state, data)

@@ -103,7 +103,7 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
                 stack = _ended(sites, stack)  # type: ignore[assignment]
                 if stack is None:
                     return None
-        if any(isinstance(e[3], bytes) for e in stack):
+        if sites.has_opens and any(isinstance(e[3], bytes) for e in stack):
             stack = tuple(
                 (at, i, held, item + bytes((b,)) if isinstance(item, bytes) else item)
                 for at, i, held, item in stack
@@ -177,7 +177,7 @@ def scan(sites: Sites, state: Scan, data: bytes) -> Scan | None:
             text = bytes((b,)) if checked else b""
     if mode == NUMBER and checked and not alive(text.decode()):
         return None
-    if not _open_alive(sites, stack, mode):
+    if sites.has_opens and not _open_alive(sites, stack, mode):
         return None
     return Scan(stack, mode, escaped, text, site, key_next, checked)
 

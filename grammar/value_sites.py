@@ -68,6 +68,8 @@ class Sites:
     unique: list[bool] = field(default_factory=list)
     listed: list[Listed | None] = field(default_factory=list)
     opens: list[OpenItems | None] = field(default_factory=list)
+    #: whether any array has open items (else the scan keeps no item text)
+    has_opens: bool = False
     keys: list[dict[str, int]] = field(default_factory=list)
     other: list[int] = field(default_factory=list)
     index: list[list[int]] = field(default_factory=list)
@@ -217,6 +219,7 @@ class _Builder:
                 "or one list of strings",
             )
         s.opens[state] = kinds.summary()
+        s.has_opens = True
 
     def _open_kinds(self, term: Term) -> Kinds | None:
         """The kinds of the open values every item at a position is (``open_items``)."""
