@@ -13,8 +13,8 @@ budget closing ended with more than `SPARE_SLACK` tokens still left: a closing t
 only where none is known after the token the model chose, so these show where
 `grammar.shortest` does not model a schema shape. Each is listed with its closing.
 
-    python bench/budget.py --sample 200
-    python bench/budget.py --only Glaiveai2K---calculate_area_245ee1e7.json   # named schemas
+    python -m bench.budget --sample 200
+    python -m bench.budget --only Glaiveai2K---calculate_area_245ee1e7.json   # named schemas
 """
 
 from __future__ import annotations
@@ -25,20 +25,19 @@ import sys
 import time
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
-from maskbench import DEFAULT_CORPUS, stratified_sample  # noqa: E402
-from provenance import header  # noqa: E402
-
-from corral.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from corral.engine.assets import load_model  # noqa: E402
-from corral.grammar import (  # noqa: E402
+from bench.maskbench import DEFAULT_CORPUS, stratified_sample
+from bench.provenance import header
+from corral.engine import Engine, EngineConfig, SamplingParams
+from corral.engine.assets import load_model
+from corral.grammar import (
     ConstraintError,
     ConstraintSpec,
     TokenizerInfo,
     compile_constraint,
 )
-from corral.grammar.shortest import JsonCloser  # noqa: E402
+from corral.grammar.shortest import JsonCloser
+
+BENCH_DIR = Path(__file__).resolve().parent
 
 EXTRA = (0, 8, 32)
 SPARE_SLACK = 40  # tokens left at the end of a steered output that count as "early"

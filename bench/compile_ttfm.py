@@ -5,7 +5,7 @@ MaskBench times the same thing inside its worker processes, beside the other eng
 leaves the harness out, so two commits' compile paths can be compared alone (run it from each
 commit's install, alternating).
 
-    .venv/bin/python bench/compile_ttfm.py --sample 400
+    .venv/bin/python -m bench.compile_ttfm --sample 400
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # one core, as in MaskBench
 
-import torch  # noqa: E402
-from provenance import header  # noqa: E402
+import torch
 
-from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat  # noqa: E402
-from corral.schema_cache import CacheConfig, CompileService  # noqa: E402
+from bench.provenance import header
+from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat
+from corral.schema_cache import CacheConfig, CompileService
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 

@@ -1,6 +1,6 @@
 """CPU decode step with the C decode kernels (`corral.engine.cpu_kernels`) on vs off.
 
-    python bench/cpu_decode.py [--context 400] [--steps 64] [--rounds 5] [--threads N]
+    python -m bench.cpu_decode [--context 400] [--steps 64] [--rounds 5] [--threads N]
 
 The default model as `corral serve` runs it on the CPU (GGUF int4 matmuls, bfloat16 activations),
 batch 1, a prompt of `--context` tokens. Prints, kernels on ("ours") beside off (the torch ops,
@@ -21,8 +21,8 @@ import time
 from dataclasses import replace
 
 import torch
-from provenance import header
 
+from bench.provenance import header
 from corral.api.config import ServerConfig
 from corral.engine import Engine, SamplingParams, cpu_kernels, load_model
 from corral.engine.config import available_cores

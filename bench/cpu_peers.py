@@ -24,7 +24,7 @@ chunks, plus the EOS when it stopped; the last token's time is that of the chunk
 reason. Without llama-cpp-python (``pip install -e '.[peers]'``, built from source) the bench prints
 Corral's figures alone.
 
-    .venv/bin/python bench/cpu_peers.py [--quick] [--gguf PATH] [--corral-arg=--dtype=bfloat16]
+    .venv/bin/python -m bench.cpu_peers [--quick] [--gguf PATH] [--corral-arg=--dtype=bfloat16]
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from pathlib import Path
 
 import httpx
 import jsonschema
-from peer_servers import Reply, Server, batch, peak_rss_mib, start, stop
-from provenance import free_port, header
+
+from bench.peer_servers import Reply, Server, batch, peak_rss_mib, start, stop
+from bench.provenance import free_port, header
 
 CHATS = (
     "Explain why the sky is blue.",

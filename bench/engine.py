@@ -1,8 +1,8 @@
 """Engine benchmark: Corral against Hugging Face `generate()`, same model, prompts and dtype.
 
-    python bench/engine.py [--quick] [--threads N]
+    python -m bench.engine [--quick] [--threads N]
 
-    python bench/engine.py --only jump-forward      # one figure (repeatable)
+    python -m bench.engine --only jump-forward      # one figure (repeatable)
 
 Every engine runs with the EngineConfig `corral serve` builds by default
 (`ServerConfig().engine_config()`) and this run's `--threads`; a figure that changes a field
@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 from jsonschema import Draft202012Validator
-from provenance import header
 
+from bench.provenance import header
 from corral.api.config import ServerConfig
 from corral.engine import Engine, EngineConfig, SamplingParams, load_model
 from corral.engine.assets import resolve_model_folder

@@ -15,9 +15,9 @@
    (requests pinned to the replicas in turn) on the same workload: P long system prompts, M
    questions each, in shuffled order, one request at a time.
 
-    .venv/bin/python bench/fleet.py                     # starts a redis-server itself
-    .venv/bin/python bench/fleet.py --cache-url redis://127.0.0.1:6379/0
-    .venv/bin/python bench/fleet.py --no-prefetch       # the Redis tier alone, fetched on request
+    .venv/bin/python -m bench.fleet                     # starts a redis-server itself
+    .venv/bin/python -m bench.fleet --cache-url redis://127.0.0.1:6379/0
+    .venv/bin/python -m bench.fleet --no-prefetch       # the Redis tier alone, fetched on request
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 import httpx
-from provenance import free_port, header
 
+from bench.provenance import free_port, header
 from corral.api.config import ServerConfig
 from corral.fleet.affinity import REPLICA_HEADER
 from corral.fleet.app import FleetConfig, FleetRunner
@@ -42,7 +42,6 @@ from corral.paths import constraints_root
 from corral.schema_cache.redis_store import ANNOUNCE, PREFIX
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
-TESTS = Path(__file__).resolve().parents[1] / "tests"
 
 
 def slowest_schemas(corpus: Path, scan: int, n: int) -> list[dict]:
@@ -329,8 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the replicas' --cache-prefetch (default: on)")  # fmt: skip
     args = ap.parse_args(argv)
     print(header(__file__), flush=True)
-    sys.path.insert(0, str(TESTS))
-    from redis_server import RedisServer  # the tests' real redis-server, started the same way
+    from tests.redis_server import RedisServer  # the tests' real redis-server, the same way
 
     with tempfile.TemporaryDirectory(prefix="corral-fleet-bench-") as tmp:
         redis_server = None if args.cache_url else RedisServer(Path(tmp) / "redis")

@@ -24,7 +24,7 @@
 #      part c, each switch on vs off: CUDA graphs (TPOT at batch 1 and 8), overlap scheduling
 #      (batch 8), MaskBench-constrained vs unconstrained at batch 64 (needs the corpus: carry
 #      shared/corpora/maskbench or pass MASKBENCH=folder; the row says "skipped" without it);
-#   4. bench/kernels.py --device cuda, the mask-kernel grid, cut to the time left (--budget-s);
+#   4. bench/bitmask_kernels.py --device cuda, the mask-kernel grid, cut to the time left (--budget-s);
 #   then one summary table: each step's exit status, time and key numbers.
 # Everything goes to $OUT/gpu_check.log when $OUT is set (the device runner's output folder),
 # else to bench/results/gpu_check.log. Exit status: non-zero if a test step or the engine check
@@ -109,13 +109,13 @@ done
 echo "== 3. engine check"
 lim=$(limit_for 330 45)
 step "3. bench/gpu_engine.py --device cuda" "$lim" 'grep -E "^== (FAILED|all checks)|Error|no CUDA"' \
-  $PY bench/gpu_engine.py --device cuda --budget-s $((lim > 190 ? lim - 140 : 60)) \
+  $PY -m bench.gpu_engine --device cuda --budget-s $((lim > 190 ? lim - 140 : 60)) \
   ${MASKBENCH:+--maskbench "$MASKBENCH"} || FAILED=1
 
 echo "== 4. mask-kernel grid"
 lim=$(limit_for 120 0)
-step "4. bench/kernels.py --device cuda" "$lim" 'grep -E "^# (grid done|budget)|Error"' \
-  $PY bench/kernels.py --device cuda --budget-s $((lim > 60 ? lim - 45 : 15))
+step "4. bench/bitmask_kernels.py --device cuda" "$lim" 'grep -E "^# (grid done|budget)|Error"' \
+  $PY -m bench.bitmask_kernels --device cuda --budget-s $((lim > 60 ? lim - 45 : 15))
 
 echo
 echo "== summary $(date -u +%FT%TZ), $((SECONDS))s in all"
@@ -128,7 +128,7 @@ if [[ -f "$engine_log" ]]; then
 fi
 kernels_log="$STEP_LOGS/4. bench_kernels.py --device cuda.log"
 if [[ -f "$kernels_log" ]]; then
-  echo "-- bench/kernels.py, batch 64, vocab 128256 (times in us; see its header for columns):"
+  echo "-- bench/bitmask_kernels.py, batch 64, vocab 128256 (times in us; see its header for columns):"
   grep -E '^ +(apply|sample) +64 +128256 ' "$kernels_log" || echo "(not reached)"
 fi
 echo "== gpu_check $([[ $FAILED == 0 ]] && echo passed || echo FAILED)"

@@ -11,7 +11,8 @@ import statistics
 import time
 
 import torch
-from gpu_models import (
+
+from bench.gpu_models import (
     SHAPES,
     Summary,
     engine_config,
@@ -21,7 +22,6 @@ from gpu_models import (
     runner_for,
     sync,
 )
-
 from corral.engine import Engine, SamplingParams
 from corral.engine.kv_pool import KVPool
 from corral.engine.model_config import ModelConfig

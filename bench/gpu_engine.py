@@ -1,7 +1,7 @@
 """GPU check of the whole engine: a smoke test, bf16 logits parity, decode throughput vs roofline.
 
-    python bench/gpu_engine.py --device cuda [--quick] [--budget-s 200] [--parts abc]
-    python bench/gpu_engine.py --device cpu --quick     # the same code paths at tiny shapes
+    python -m bench.gpu_engine --device cuda [--quick] [--budget-s 200] [--parts abc]
+    python -m bench.gpu_engine --device cpu --quick     # the same code paths at tiny shapes
 
 a. Smoke: a 2-layer random-weight Llama with Llama-3's real tokenizer (128,256 logits), bf16 on
    the device (fp32 on the CPU), one engine batch of >= 20 steps mixing a json_schema request, a
@@ -36,8 +36,11 @@ import time
 import traceback
 
 import torch
-from gpu_decode import part_b
-from gpu_models import (
+from jsonschema import Draft202012Validator
+from transformers import PreTrainedTokenizerFast
+
+from bench.gpu_decode import part_b
+from bench.gpu_models import (
     SHAPES,
     Summary,
     engine_config,
@@ -46,11 +49,8 @@ from gpu_models import (
     random_model,
     runner_for,
 )
-from gpu_serving import part_c
-from jsonschema import Draft202012Validator
-from provenance import header
-from transformers import PreTrainedTokenizerFast
-
+from bench.gpu_serving import part_c
+from bench.provenance import header
 from corral.engine import Engine, SamplingParams
 from corral.engine.assets import LoadedModel
 from corral.engine.model import DecoderModel

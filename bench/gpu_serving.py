@@ -21,9 +21,17 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_decode import WARM_STEPS, decode_run
-from gpu_models import Summary, engine_config, llama_config, loaded, random_model, runner_for, sync
 
+from bench.gpu_decode import WARM_STEPS, decode_run
+from bench.gpu_models import (
+    Summary,
+    engine_config,
+    llama_config,
+    loaded,
+    random_model,
+    runner_for,
+    sync,
+)
 from corral.engine import Engine, SamplingParams
 from corral.engine.kv_pool import KVPool
 from corral.engine.model_runner import ModelRunner

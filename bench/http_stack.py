@@ -9,7 +9,7 @@ run, once per stack, and given the same load from one client process:
 
 Needs ``uvloop`` and ``httptools`` installed (``pip install uvloop httptools``).
 
-    .venv/bin/python bench/http_stack.py
+    .venv/bin/python -m bench.http_stack
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
-from provenance import free_port, header
+
+from bench.provenance import free_port, header
 
 STACKS = {"asyncio+h11": ("asyncio", "h11"), "uvloop+httptools": ("uvloop", "httptools")}
 CHAT = {
@@ -48,8 +50,8 @@ def serve(loop: str, http: str, port: int) -> None:
 def start(stack: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     loop, http = STACKS[stack]
-    cmd = [sys.executable, __file__, "--child", loop, http, str(port)]
-    proc = subprocess.Popen(cmd)
+    cmd = [sys.executable, "-m", "bench.http_stack", "--child", loop, http, str(port)]
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1])
     url = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     while time.monotonic() - t0 < 600:

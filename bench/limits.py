@@ -12,7 +12,7 @@ tokens, the benches' reference) or on the served model's (``--tokenizer default`
   property. This is the cost that decides
   where Corral stops raising the limit.
 
-    .venv/bin/python bench/limits.py
+    .venv/bin/python -m bench.limits
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 import time
 
 import torch
-from provenance import header
 
+from bench.provenance import header
 from corral.grammar import (
     ConstraintError,
     ConstraintSpec,

@@ -17,7 +17,7 @@ of closing that gap could give at best:
   oracle: no policy knows that in advance);
 - how long xgrammar's stored form takes to load (what a warm process would wait for).
 
-    python bench/mask_ceiling.py --sample 200
+    python -m bench.mask_ceiling --sample 200
 
 Corral runs in this process (cold cache); xgrammar (the ``xgrammar-strict`` target, as in
 MaskBench) runs in a worker process with a time limit. Both engines' configurations are printed.
@@ -28,27 +28,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from maskbench import DEFAULT_CORPUS, engine_worker, run_in, stratified_sample  # noqa: E402
-from maskbench_engines import corral_cached  # noqa: E402
-from provenance import header
+import numpy as np
+import torch
 
-from corral.fuzz.targets import CorralTarget, Refused, format_config, make_target  # noqa: E402
-from corral.fuzz.tokenizers import llama3_tokenizer  # noqa: E402
-from corral.grammar import TokenizerInfo  # noqa: E402
-from corral.grammar import backend_xgrammar as xgr  # noqa: E402
-from corral.grammar.schema_facts import ANNOTATIONS  # noqa: E402
-from corral.grammar.walk import accepts  # noqa: E402
+from bench.maskbench import DEFAULT_CORPUS, engine_worker, run_in, stratified_sample
+from bench.maskbench_engines import corral_cached
+from bench.provenance import header
+from corral.fuzz.targets import CorralTarget, Refused, format_config, make_target
+from corral.fuzz.tokenizers import llama3_tokenizer
+from corral.grammar import TokenizerInfo
+from corral.grammar import backend_xgrammar as xgr
+from corral.grammar.schema_facts import ANNOTATIONS
+from corral.grammar.walk import accepts
 
 XGRAMMAR = "xgrammar-strict"  # the xgrammar target measured, configured as in MaskBench
 #: Keywords taken to be enforced exactly by xgrammar (with a filter for its string bugs, see

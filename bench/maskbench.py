@@ -16,7 +16,7 @@ counted, the worker replaced, and the run goes on.
 Besides each engine's own figures, the report compares the engines over the same work: the
 schemas every engine compiled, and the token positions every engine reached.
 
-    python bench/maskbench.py --sample 2000 --json bench/results/maskbench.json
+    python -m bench.maskbench --sample 2000 --json bench/results/maskbench.json
 """
 
 from __future__ import annotations
@@ -35,11 +35,9 @@ from pathlib import Path
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # every engine's worker gets one core
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
-from maskbench_engines import CORRAL_CACHED, engine_config  # noqa: E402
-from maskbench_report import common_figures, print_report, summarize  # noqa: E402
-from provenance import header  # noqa: E402
-
+from bench.maskbench_engines import CORRAL_CACHED, engine_config  # noqa: E402
+from bench.maskbench_report import common_figures, print_report, summarize  # noqa: E402
+from bench.provenance import header  # noqa: E402
 from corral.fuzz.targets import check_target_name  # noqa: E402
 from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed  # noqa: E402
 
@@ -70,11 +68,11 @@ def engine_worker(engine: str, cache_dir: str) -> Worker:
     """The worker process of one engine (``maskbench_engines.main``); it starts on first use."""
     init = json.dumps({"engine": engine, "cache_dir": cache_dir}).encode()
     return Worker(
-        "maskbench_engines",
+        "bench.maskbench_engines",
         label=f"MaskBench {engine} worker",
         init=[init],
         start_timeout_s=STARTUP_TIMEOUT_S,
-        pythonpath=[str(BENCH_DIR)],
+        pythonpath=[str(BENCH_DIR.parent)],
     )
 
 

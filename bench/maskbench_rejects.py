@@ -16,8 +16,8 @@ again through Corral (the fuzz target, strict) and sorts each refused valid inst
 
 A schema is counted under the set of reasons of its refused instances.
 
-    python bench/maskbench.py --sample 2000 --engines corral-cold --json /tmp/mb.json
-    python bench/maskbench_rejects.py /tmp/mb.json
+    python -m bench.maskbench --sample 2000 --engines corral-cold --json /tmp/mb.json
+    python -m bench.maskbench_rejects /tmp/mb.json
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from provenance import header
+from bench.provenance import header
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 

@@ -27,7 +27,7 @@ engine refuses, starts over with the next walk in every engine. Printed per (B, 
 p50 / p99 / max step time of each, Corral's p50 over each peer's, and the deadline pass's
 deferred rows.
 
-    python bench/masks.py [--batches 16 64 256] [--threads 1 2 0] [--steps 60] [--schemas 40]
+    python -m bench.masks [--batches 16 64 256] [--threads 1 2 0] [--steps 60] [--schemas 40]
 
 ``--threads 0`` means all cores.
 """
@@ -38,26 +38,25 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
-import llguidance  # noqa: E402
-import llguidance.torch as llg_torch  # noqa: E402
-import torch  # noqa: E402
-import xgrammar  # noqa: E402
-from provenance import header  # noqa: E402
+import llguidance
+import llguidance.torch as llg_torch
+import torch
+import xgrammar
 
-from corral.engine.config import EngineConfig, available_cores  # noqa: E402
-from corral.engine.core import SamplingParams, Sequence  # noqa: E402
-from corral.engine.grammar_masks import MaskFiller, MaskJob  # noqa: E402
-from corral.fuzz.targets import FORMAT, Refused, compile_xgrammar_schema, make_target  # noqa: E402
-from corral.fuzz.tokenizers import llama3_tokenizer  # noqa: E402
-from corral.grammar import backend_llguidance as llg  # noqa: E402
+from bench.provenance import header
+from corral.engine.config import EngineConfig, available_cores
+from corral.engine.core import SamplingParams, Sequence
+from corral.engine.grammar_masks import MaskFiller, MaskJob
+from corral.fuzz.targets import FORMAT, Refused, compile_xgrammar_schema, make_target
+from corral.fuzz.tokenizers import llama3_tokenizer
+from corral.grammar import backend_llguidance as llg
+
+BENCH_DIR = Path(__file__).resolve().parent
 
 DEFAULT_CORPUS = BENCH_DIR.parents[1] / "shared" / "corpora" / "maskbench"
 

@@ -1,7 +1,8 @@
 """The first line every benchmark prints: which script, when, at which commit, on what.
 
 BENCHMARKS.md quotes figures together with this line, so each one says where it came from.
-Benchmarks run as ``python bench/<name>.py``, which puts this folder on ``sys.path``.
+Benchmarks are modules of the ``bench`` package, run from the repository root as
+``python -m bench.<name>`` (never as files: a file run puts its own folder first on ``sys.path``).
 """
 
 from __future__ import annotations

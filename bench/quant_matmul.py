@@ -13,7 +13,7 @@ Per weight shape (SmolLM2-135M's four layer matmuls and LM head, and a 4096x4096
 
 Times include the casts to and from bfloat16 that the engine would pay. Ratios are fp32 / ours.
 
-    python bench/quant_matmul.py [--threads 1,2] [--rows 1,2,4,8] [--budget-s 0.1]
+    python -m bench.quant_matmul [--threads 1,2] [--rows 1,2,4,8] [--budget-s 0.1]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from provenance import header
 
+from bench.provenance import header
 from corral.engine.matmul import pack_weight, packed_linear
 from corral.engine.quant import GROUP, Int4Weight, Int8Weight, int4_linear, int8_linear
 

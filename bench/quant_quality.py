@@ -1,6 +1,6 @@
 """What serving a GGUF quantized costs in quality and memory, against the same file in float32.
 
-    python bench/quant_quality.py [--gguf PATH] [--dtype float32|bfloat16]
+    python -m bench.quant_quality [--gguf PATH] [--dtype float32|bfloat16]
 
 Prints, for the quantized path (`--quantize gguf`) against the file dequantized to float32
 (`--quantize none`), over every position of a few chat prompts: the KL divergence of the
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import torch
-from provenance import header
 
+from bench.provenance import header
 from corral.engine.assets import default_gguf_path, load_model
 from corral.engine.model_runner import ForwardBatch
 

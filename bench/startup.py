@@ -6,7 +6,7 @@ with the cache the first start filled. Prints the seconds to the first ``/health
 "ready in" the server printed itself. ``--command "make serve"`` on a fresh clone gives the
 figure with the install included (``--runs 1``; the second start then reuses the new .venv).
 
-    .venv/bin/python bench/startup.py
+    .venv/bin/python -m bench.startup
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 
-from provenance import free_port, header
+from bench.provenance import free_port, header
 
 READY = re.compile(r"ready in ([0-9.]+)s")
 

@@ -8,14 +8,10 @@ the prefix cache) and the server's RSS is within 10% of what it was before.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from api_server import start_server, stop_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import load  # noqa: E402  (bench/load.py: one load generator for the test and the soak)
-from api_server import start_server, stop_server  # noqa: E402
+from corral.fuzz import load
 
 N = 64
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import platform
 import shutil
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,30 +16,95 @@ from schema_cache_helpers import entry_files, regex_specs
 
 import corral.grammar
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, StaleEntry
-from corral.grammar.version import ANALYSIS_VERSION, source_digest
+from corral.grammar.version import (
+    ANALYSIS_VERSION,
+    COMPILE_DEPENDENCIES,
+    analysis_version,
+    installed_versions,
+    source_digest,
+)
 from corral.schema_cache import entry_key
 
 
-def fresh_digest(folder: Path) -> str:
-    """The grammar package's sources hashed here, independently of corral.grammar.version."""
-    h = hashlib.sha256()
-    for path in sorted(folder.glob("*.py")):
+def fresh_stamp(folder: Path) -> str:
+    """The cache's stamp recomputed here, independently of corral.grammar.version: every ``.py``
+    under the package (subfolders included) and the installed versions that shape a compile."""
+    files = sorted(
+        (p for p in folder.rglob("*.py") if "__pycache__" not in p.parts),
+        key=lambda p: p.relative_to(folder).as_posix(),
+    )
+    src = hashlib.sha256()
+    for path in files:
         data = path.read_bytes()
-        h.update(f"{path.name}\0{len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()
+        src.update(f"{path.relative_to(folder).as_posix()}\0{len(data)}\0".encode())
+        src.update(data)
+    versions = {"python": f"{platform.python_implementation()} {platform.python_version()}"}
+    for name in ("llguidance", "xgrammar", "interegular", "jsonschema", "referencing"):
+        versions[name] = metadata.version(name)
+    stamp = hashlib.sha256(f"source\0{src.hexdigest()}\0".encode())
+    for name in sorted(versions):
+        stamp.update(f"{name}\0{versions[name]}\0".encode())
+    return stamp.hexdigest()
 
 
-def test_the_analysis_version_is_a_digest_of_the_grammar_sources(tmp_path):
+def test_the_analysis_version_covers_the_grammar_sources_and_the_backends(tmp_path):
     folder = Path(corral.grammar.__file__).parent
-    assert ANALYSIS_VERSION == fresh_digest(folder)
-    # It changes with the code: one byte of one source file.
+    assert ANALYSIS_VERSION == fresh_stamp(folder)
+    assert set(COMPILE_DEPENDENCIES) >= {"llguidance", "xgrammar", "interegular"}
+    # It changes with the code: one byte of one source file, at the top or in a subfolder.
     copy = tmp_path / "grammar"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    rewrite = copy / "schema_rewrite.py"
+    base = source_digest(copy)
+    assert base == source_digest(folder)
+    rewrite = copy / "version.py"
     rewrite.write_text(rewrite.read_text() + "\n# changed\n")
-    assert source_digest(copy) != ANALYSIS_VERSION
-    assert entry_key("d" * 64, "t" * 64, "other") != entry_key("d" * 64, "t" * 64)
+    assert source_digest(copy) != base
+    rewrite.write_text((folder / "version.py").read_text())
+    assert source_digest(copy) == base
+    (copy / "deep" / "deeper").mkdir(parents=True, exist_ok=True)
+    (copy / "deep" / "deeper" / "added.py").write_text("X = 1\n")
+    nested = source_digest(copy)
+    assert nested != base
+    (copy / "deep" / "deeper" / "added.py").write_text("X = 2\n")
+    assert source_digest(copy) not in (base, nested)
+    # ... and with the version of Python or of any library that shapes a compile.
+    versions = installed_versions()
+    assert analysis_version(source_digest(folder), versions) == ANALYSIS_VERSION
+    for name in versions:
+        bumped = {**versions, name: versions[name] + ".post1"}
+        assert analysis_version(source_digest(folder), bumped) != ANALYSIS_VERSION, name
+        assert entry_key("d" * 64, "t" * 64, analysis_version(base, bumped)) != entry_key(
+            "d" * 64, "t" * 64
+        )
+
+
+def test_an_entry_written_under_another_backend_version_is_a_miss_and_a_recompile(
+    make_service, cache_root
+):
+    """Two installs share a cache folder; the other one has another llguidance. Its entry lies
+    where its own key points, which is not where this install looks: a miss, then a compile."""
+    spec = ConstraintSpec.json_schema(JSON_SCHEMA)
+    writer = make_service()
+    compiled = writer.get_or_compile(spec)
+    writer.flush()
+    [ours] = entry_files(cache_root)
+    other_version = {**installed_versions(), "llguidance": "0.0.1"}
+    other_key = entry_key(
+        spec.digest, writer.tok.fingerprint, analysis_version(source_digest(), other_version)
+    )
+    theirs = Path(writer.disk.path_for(other_key, writer.tok.fingerprint))
+    theirs.parent.mkdir(parents=True, exist_ok=True)
+    theirs.write_bytes(compiled.to_bytes())
+    ours.unlink()
+
+    reader = make_service()
+    found = reader.lookup(spec)
+    assert found.source == "compiled"
+    assert (reader.stats()["compiles"], reader.stats()["hits_disk"]) == (1, 0)
+    ids = reader.tok.encode(JSON_VALID)
+    assert found.compiled.matcher().accept_tokens(ids) == len(ids)
+    reader.flush()
+    assert sorted(entry_files(cache_root)) == sorted([theirs, ours])
 
 
 def test_an_entry_from_another_analysis_version_is_a_counted_miss_never_served(

@@ -12,7 +12,7 @@ peer, and the floor = the fewest bytes the operation must move over the copy's b
 CPU (``--device cpu``): our torch path vs xgrammar's CPU kernel and the plain-torch version,
 with ``perf_counter`` medians, single-threaded by default (``--threads``) like xgrammar's kernel.
 
-    python bench/kernels.py [--device cpu|cuda] [--quick] [--budget-s 300]
+    python -m bench.bitmask_kernels [--device cpu|cuda] [--quick] [--budget-s 300]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from provenance import header
 
+from bench.provenance import header
 from corral.mask_kernels import SamplingTensors, apply_bitmask_, sample
 from corral.mask_kernels.bitmask_torch import apply_bitmask_torch_
 
