@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from corral.engine.config import EngineConfig
-from corral.paths import CACHE_DIR_ENV
+from corral.base.paths import CACHE_DIR_ENV
+from corral.engine.serving.config import EngineConfig
 
 _GIB = 1 << 30
 _CACHE_URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -171,21 +171,21 @@ class ServerConfig:
     @property
     def torch_device(self):
         """`device` checked against this machine (`engine.device.parse_device`)."""
-        from corral.engine.device import parse_device
+        from corral.engine.execution.device import parse_device
 
         return parse_device(self.device)
 
     @property
     def torch_dtype(self):
         """`dtype` resolved for the device and weights (`engine.device.parse_dtype`)."""
-        from corral.engine.device import parse_dtype
+        from corral.engine.execution.device import parse_dtype
 
         return parse_dtype(self.dtype, self.torch_device, self.quantization != "none")
 
     @property
     def quantization(self) -> str:
         """`quantize` resolved for the model and device (`engine.assets.resolve_quantize`)."""
-        from corral.engine.assets import resolve_quantize
+        from corral.engine.loading.assets import resolve_quantize
 
         return resolve_quantize(self.quantize, self.model, self.torch_device)
 

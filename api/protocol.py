@@ -50,7 +50,7 @@ from corral.api.response_formats import (
     fold_constraint,
     request_error,
 )
-from corral.grammar.input_checks import lone_surrogate_path
+from corral.grammar.core.input_checks import lone_surrogate_path
 
 # The response formats are defined with the rest of the constraint logic; they are part of
 # the request bodies too, so they can be imported from here.

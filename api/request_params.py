@@ -17,11 +17,11 @@ from corral.api.limits import check_n
 from corral.api.protocol import ChatCompletionRequest
 from corral.api.responses import Usage
 from corral.api.state import ServerState
-from corral.engine.core import BudgetReport, RequestError, SamplingParams
+from corral.engine.serving.core import BudgetReport, RequestError, SamplingParams
 from corral.grammar import ConstraintSpec
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.spec import ConstraintKind
-from corral.grammar.tag_close import TagCloser
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.closing.tags import TagCloser
+from corral.grammar.core.spec import ConstraintKind
 
 
 def check_model(state: ServerState, model: str) -> None:

@@ -30,7 +30,7 @@ from corral.api.errors import ApiError, constraint_error
 from corral.api.responses import Unenforced
 from corral.api.schema_forms import FORMS, form_of
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, JsonFormat
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 
 if TYPE_CHECKING:
     from corral.schema_cache.entries import Lookup

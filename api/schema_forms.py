@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import astuple
 from typing import Any
 
-from corral.api.limits import SchemaStats, schema_stats
+from corral.api.schema_stats import SchemaStats, schema_stats
 from corral.grammar import ConstraintSpec
 
 MAX_BYTES = 64 << 20  # spec text remembered, all forms together

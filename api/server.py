@@ -24,10 +24,10 @@ def build_state(config: ServerConfig) -> ServerState:
     torch.set_num_threads(1)
     from corral.api.request_params import prepare_budget_close
     from corral.api.schema_forms import FORMS
-    from corral.engine.assets import load_model
-    from corral.engine.async_engine import AsyncEngine
+    from corral.base.paths import constraints_root
+    from corral.engine.loading.assets import load_model
+    from corral.engine.serving.async_engine import AsyncEngine
     from corral.grammar import ConstraintSpec, TokenizerInfo
-    from corral.paths import constraints_root
     from corral.schema_cache import CacheConfig, CompileService
 
     model = load_model(
@@ -95,7 +95,7 @@ def serve(config: ServerConfig) -> int:
     import uvicorn
 
     from corral.api.app import create_app
-    from corral.heap import freeze_startup_heap
+    from corral.base.heap import freeze_startup_heap
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -108,7 +108,7 @@ def serve(config: ServerConfig) -> int:
     )
     state = build_state(config)
     app = create_app(state)
-    freeze_startup_heap()  # no full collection walks what start-up loaded (corral/heap.py)
+    freeze_startup_heap()  # no full collection walks what start-up loaded (base/heap.py)
     app.state.on_ready = lambda: print(
         startup_line(state) + f" — ready in {time.monotonic() - t0:.1f}s", flush=True
     )

@@ -50,7 +50,7 @@ from corral.api.responses import (
 from corral.api.state import ServerState
 from corral.api.tool_stream import Piece
 from corral.api.tools import ToolPlan
-from corral.engine.core import ReasoningBudget
+from corral.engine.serving.core import ReasoningBudget
 
 ENDPOINT = "chat.completions"
 

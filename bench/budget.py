@@ -28,14 +28,14 @@ from pathlib import Path
 from bench.maskbench import DEFAULT_CORPUS, stratified_sample
 from bench.provenance import header
 from corral.engine import Engine, EngineConfig, SamplingParams
-from corral.engine.assets import load_model
+from corral.engine.loading.assets import load_model
 from corral.grammar import (
     ConstraintError,
     ConstraintSpec,
     TokenizerInfo,
     compile_constraint,
 )
-from corral.grammar.shortest import JsonCloser
+from corral.grammar.closing.shortest import JsonCloser
 
 BENCH_DIR = Path(__file__).resolve().parent
 

@@ -47,10 +47,10 @@ from jsonschema import Draft202012Validator
 from bench.provenance import header
 from corral.api.config import ServerConfig
 from corral.engine import Engine, EngineConfig, SamplingParams, load_model
-from corral.engine.assets import resolve_model_folder
-from corral.engine.config import available_cores
+from corral.engine.loading.assets import resolve_model_folder
+from corral.engine.serving.config import available_cores
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run

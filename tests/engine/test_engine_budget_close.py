@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from corral.engine import SamplingParams
-from corral.engine.budget_close import closing_after
+from corral.engine.constrained.budget_close import closing_after
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.spec import JsonFormat
-from corral.grammar.walk import accepts
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.spec import JsonFormat
+from corral.grammar.core.walk import accepts
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
 #: filled items must differ from those written (and the item being written)

@@ -15,12 +15,12 @@ import llguidance
 import pytest
 import torch
 
-from corral.engine import grammar_masks
-from corral.engine.core import SamplingParams, Sequence
-from corral.engine.grammar_masks import MaskFill, MaskJob
+from corral.engine.constrained import masks as grammar_masks
+from corral.engine.constrained.masks import MaskFill, MaskJob
+from corral.engine.serving.core import SamplingParams, Sequence
 from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar.backend_llguidance import LLGuidanceMatcher
+from corral.grammar.backends.llg import LLGuidanceMatcher
 
 PERSON = {
     "type": "object",

@@ -1,6 +1,6 @@
 """Fast, steerable random walks for the grammar tests (a helper module, not a test file).
 
-``corral.grammar.walk.random_walk`` is the shared, plain walk: uniform over the allowed tokens.
+``corral.grammar.core.walk.random_walk`` is the shared, plain walk: uniform over the allowed tokens.
 Over a 128k vocabulary it spends ~40-80 ms a step listing the allowed ids, and inside a JSON
 string the closing quote is one token in tens of thousands, so uniform walks rarely finish an
 object. The walk here lists the ids with numpy (under a millisecond) and, with probability
@@ -231,12 +231,13 @@ def assert_closings_valid(
     matcher accepts. ``always``: a closing must be found after every character. Returns how
     many closings were found."""
     from corral.grammar import ConstraintSpec
-    from corral.grammar.shortest import JsonCloser
-    from corral.grammar.walk import accepts
+    from corral.grammar.closing.partial_json import PartialJson
+    from corral.grammar.closing.shortest import JsonCloser
+    from corral.grammar.core.walk import accepts
 
     judge = Draft202012Validator(schema)
     bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
-    partial, found_n = JsonCloser.for_spec(ConstraintSpec.json_schema(schema)).start(), 0
+    partial, found_n = PartialJson.empty(JsonCloser.for_spec(ConstraintSpec.json_schema(schema))), 0
     for i, ch in enumerate(text):
         partial.feed(ch)
         found = partial.closing()

@@ -11,8 +11,8 @@ import pytest
 from grammar_walkers import assert_walks_valid_without_repeats
 
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar.schema_order import backend_layout
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.order import backend_layout
 
 NESTED = {
     "type": "object",
@@ -121,7 +121,7 @@ def test_pattern_keys_written_after_an_applicator_still_apply(applicator, llama3
     "unsatisfiable" (MaskBench Handwritten---dep7). The backend now reads pattern keys first."""
     from jsonschema import Draft202012Validator
 
-    from corral.grammar.schema_merges import pattern_keys_first
+    from corral.grammar.schema.backend_merges import pattern_keys_first
 
     schema = {
         "type": "object",
@@ -148,7 +148,7 @@ def test_pattern_keys_written_after_an_applicator_still_apply(applicator, llama3
 def test_pattern_keys_first_moves_nothing_else():
     """Only pattern and additional keys move: `properties` against an `allOf` is the order the
     backend lays keys out in (test above), and shared subtrees are copied once."""
-    from corral.grammar.schema_merges import pattern_keys_first
+    from corral.grammar.schema.backend_merges import pattern_keys_first
 
     shared = {"anyOf": [{"type": "string"}], "patternProperties": {"x": {}}}
     schema = {

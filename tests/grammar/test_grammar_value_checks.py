@@ -19,15 +19,15 @@ from grammar_walkers import TokenTable, assert_closings_valid, decode, steered_w
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.compiler import checked_marks
-from corral.grammar.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.value_checks import ValueChecksMatcher
-from corral.grammar.value_scan import MAX_DIGITS, alive, is_fraction
-from corral.grammar.value_sites import FRACTION, value_sites
-from corral.grammar.walk import accepts
+from corral.grammar.checks.value_checks import ValueChecksMatcher
+from corral.grammar.checks.value_scan import MAX_DIGITS, alive, is_fraction
+from corral.grammar.checks.value_sites import FRACTION, value_sites
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.compiled import CompiledConstraint
+from corral.grammar.core.compiler import checked_marks
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
 
 NOT_INT = {"not": {"type": "integer"}}
 OBJECT = {

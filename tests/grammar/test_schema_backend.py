@@ -5,8 +5,8 @@ import json
 import pytest
 
 from corral.fuzz.tokenizers import llama3_tokenizer_path
-from corral.grammar.errors import ConstraintError
-from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.core.errors import ConstraintError
+from corral.grammar.schema.analysis import analyze_schema
 
 llguidance = pytest.importorskip("llguidance")
 from test_schema_analysis import POOL, REWRITES, judge  # noqa: E402

@@ -14,12 +14,12 @@ import torch
 
 from corral.fuzz.tokenizers import llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, JsonFormat, compile_constraint
-from corral.grammar.errors import ConstraintError
-from corral.grammar.regex_translate import translate_regex
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.schema_patterns import exact_shorthands, translate_pattern
-from corral.grammar.schema_size import MAX_ALTERNATIVES
-from corral.grammar.walk import accepts as walk_accepts
+from corral.grammar.core.errors import ConstraintError
+from corral.grammar.core.walk import accepts as walk_accepts
+from corral.grammar.regex.translate import translate_regex
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.patterns import exact_shorthands, translate_pattern
+from corral.grammar.schema.size import MAX_ALTERNATIVES
 
 llguidance = pytest.importorskip("llguidance")
 from test_schema_analysis import POOL, assert_equivalent, judge  # noqa: E402
@@ -244,7 +244,7 @@ def test_a_pattern_with_an_end_anchor_inside_compiles_as_a_narrowing(llama3_toke
     the pattern is written without it (`$` read as the end of the text, a narrowing) instead of
     being refused (MaskBench catalogue-entry, Github_hard---o60770); a `regex` constraint, which
     must be exact, is refused by Corral with the reason rather than by the backend."""
-    from corral.grammar.rewrite_log import PATTERN_LOOKAROUND
+    from corral.grammar.schema.rewrite_log import PATTERN_LOOKAROUND
 
     item = {"type": "string", "pattern": "^([^,]+(,|$)){3,}$"}
     schema = {"type": "object", "properties": {"tags": item}, "required": ["tags"]}
@@ -277,12 +277,12 @@ def test_classes_of_every_control_character_never_let_a_quote_through(
     a JSON string, even where the class leaves them out (`^[^"]*$` accepted `a"b`): such a
     class is handed to it without NUL, and the compiled grammar accepts exactly what the judge
     accepts (NUL aside); on keys, where that would not be exact, the pattern is refused."""
-    from corral.grammar.backend_llguidance import (
+    from corral.grammar.backends.llg import (
         LLGuidanceMatcher,
         grammar_from_schema,
         new_prototype,
     )
-    from corral.grammar.rewrite_log import PATTERN_NUL
+    from corral.grammar.schema.rewrite_log import PATTERN_NUL
 
     tok = llama3_tokenizer
     bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)

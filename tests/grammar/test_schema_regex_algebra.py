@@ -16,7 +16,7 @@ import pytest
 from test_grammar_walks import _walk_schema
 
 from corral.grammar import ConstraintError, JsonFormat
-from corral.grammar.regex_algebra import (
+from corral.grammar.regex.algebra import (
     backend_never_runs_out,
     complement,
     disjoint,
@@ -25,9 +25,9 @@ from corral.grammar.regex_algebra import (
     python_of_backend,
     regular,
 )
-from corral.grammar.regex_translate import translate_regex
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.schema_patterns import exact_shorthands
+from corral.grammar.regex.translate import translate_regex
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.patterns import exact_shorthands
 
 PATTERNS = [
     "APPROVER",
