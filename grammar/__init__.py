@@ -3,6 +3,7 @@
 from corral.grammar.core.compiled import CompiledConstraint, CorruptEntry, StaleEntry
 from corral.grammar.core.compiler import compile_constraint
 from corral.grammar.core.errors import CompileUnavailable, ConstraintError, Unenforced
+from corral.grammar.core.mask_batch import MaskBatchFiller, fill_row
 from corral.grammar.core.matcher import Matcher
 from corral.grammar.core.spec import ConstraintKind, ConstraintSpec, JsonFormat
 from corral.grammar.core.tokenizer import TokenizerInfo
@@ -17,9 +18,11 @@ __all__ = [
     "ConstraintSpec",
     "CorruptEntry",
     "JsonFormat",
+    "MaskBatchFiller",
     "Matcher",
     "StaleEntry",
     "TokenizerInfo",
     "Unenforced",
     "compile_constraint",
+    "fill_row",
 ]

@@ -246,3 +246,63 @@ def test_a_cycle_within_one_package_is_found(tmp_path):
     for src, dst in edges.items():
         groups[len(dst)].append(src)
     assert sorted(groups[1]) == ["corral.engine.a", "corral.engine.b", "corral.engine.c"]
+
+
+#: Third-party packages only the grammar layer may import: the engine and the API see matchers
+#: and the grammar layer's batch fill (``corral.grammar.MaskBatchFiller``), never a backend.
+GRAMMAR_BACKENDS = ("llguidance", "xgrammar")
+#: The packages that must not import them.
+BACKEND_FREE = ("corral.engine", "corral.api")
+
+
+def backend_imports(root: Path = ROOT) -> list[str]:
+    """Every import of a grammar backend in a module of ``BACKEND_FREE``: module level, inside
+    functions, under ``if TYPE_CHECKING:``, or by name (``importlib.import_module``)."""
+
+    def backend(name: str) -> bool:
+        return any(name == b or name.startswith(b + ".") for b in GRAMMAR_BACKENDS)
+
+    found = []
+    for name, path in sorted(modules(package_dirs(root)).items()):
+        if owner(name) not in BACKEND_FREE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and node.args:  # import_module("x"), __import__("x")
+                func = ast.unparse(node.func)
+                arg = node.args[0]
+                literal = isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                dynamic = func.endswith("import_module") or func == "__import__"
+                names = [arg.value] if literal and dynamic else []
+            else:
+                continue
+            found += [f"{name}:{node.lineno} imports {n}" for n in names if backend(n)]
+    return found
+
+
+def test_the_engine_and_the_api_never_import_a_grammar_backend():
+    assert backend_imports() == []
+
+
+def test_a_backend_import_inside_a_function_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "engine/__init__.py": "",
+            "engine/a.py": "def f():\n    import llguidance.torch as t\n",
+            "engine/b.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from xgrammar import G\n"
+            ),
+            "engine/c.py": "import importlib\nm = importlib.import_module('xgrammar')\n",
+            "engine/d.py": "import llguidance_extra\nfrom corral.grammar import MaskBatchFiller\n",
+            "grammar/__init__.py": "import llguidance\n",  # the grammar layer may
+        },
+    )
+    assert backend_imports(root) == [
+        "corral.engine.a:2 imports llguidance.torch",
+        "corral.engine.b:3 imports xgrammar",
+        "corral.engine.c:2 imports xgrammar",
+    ]

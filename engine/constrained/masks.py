@@ -6,12 +6,11 @@ while the stepping thread runs the model (the grammar backends release the GIL w
 compute a mask); the sampler waits for them, then `mask_kernels` applies them. Jobs (one per
 sequence, with its draft rows) are claimed in units from a shared counter, so a slow matcher
 holds up only its own unit while another thread is free. A unit is one job, or a chunk of
-rows with a native llguidance cursor (`Matcher.native_cursor`, no draft) that one native batch
-call fills (llguidance's `LLExecutor`: one GIL release and no Python per row; measured in
-`bench/masks.py`), then each row's `refine_mask`; every other job (drafts, xgrammar) fills on
-its own. The
-stepping thread never fills (a slow fill there would hold the step past its deadline) and
-touches no matcher whose fill is in flight.
+rows (no draft) that the grammar layer fills in one native batch call (`MaskBatchFiller`, for
+the matchers it `batched`, i.e. llguidance's: one GIL release and no Python per row but each
+row's refinement; measured in `bench/masks.py`); every other job (drafts, xgrammar) fills on
+its own. The engine never holds a backend object. The stepping thread never fills (a slow fill
+there would hold the step past its deadline) and touches no matcher whose fill is in flight.
 
 Deadline (`EngineConfig.mask_grace_ms`). A row whose mask is not ready when the logits are,
 plus the grace, sits the step out (a native chunk's rows all together) instead of stalling the
@@ -45,19 +44,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-import llguidance
 import torch
 
 from corral.engine.serving.core import EngineFailure, Sequence, SequenceFailed
+from corral.grammar import MaskBatchFiller, fill_row
 
 if TYPE_CHECKING:
     from corral.grammar.core.matcher import Matcher
 
 T = TypeVar("T")
 
-# Plain llguidance rows per native batch call (`_fill_native`): large enough that the calls'
-# Python overhead is small next to the masks, small enough that a late chunk defers few rows
-# (a unit is late as a whole) and that the worker threads share a step's chunks.
+# Plain rows per native batch call (`_fill_batch`): large enough that the calls' Python
+# overhead is small next to the masks, small enough that a late chunk defers few rows (a unit
+# is late as a whole) and that the worker threads share a step's chunks.
 NATIVE_CHUNK = 16
 
 
@@ -82,8 +81,8 @@ class LateMask:
 class MaskFill:
     """One step's masks being filled: units of work claimed in turn by the worker threads.
 
-    A unit is one job, or a chunk of up to `NATIVE_CHUNK` plain llguidance jobs filled by one
-    native batch call (`_units`). A unit is late, or on time, as a whole.
+    A unit is one job, or a chunk of up to `NATIVE_CHUNK` plain jobs filled by one native batch
+    call (`_units`). A unit is late, or on time, as a whole.
     """
 
     def __init__(
@@ -92,16 +91,17 @@ class MaskFill:
         bitmask: torch.Tensor,
         fault: Exception | None,
         late_done: threading.Event,
-        executor: llguidance.LLExecutor | None = None,
+        batch: MaskBatchFiller | None = None,
     ) -> None:
         """`late_done` is set whenever a late fill ends (its sequence can be scheduled again);
-        `executor`: llguidance's, for the chunks of plain rows (None: every job on its own)."""
+        `batch`: the grammar layer's batch fill, for the chunks of plain rows (None: every job
+        on its own)."""
         # Sequences that sat out a step go first: a mask that is slow once is not late twice.
         jobs = sorted(jobs, key=lambda j: -j.seq.mask_deferrals)
-        self.units = _units(jobs, fault is not None, executor is not None)
+        self.units = _units(jobs, fault is not None, batch)
         self.bitmask = bitmask
         self._fault = fault
-        self._executor = executor
+        self._batch = batch
         self._next = 0  # units[:_next] are claimed
         self._done = [False] * len(self.units)
         self._num_done = 0
@@ -148,7 +148,7 @@ class MaskFill:
     def _run(self, i: int) -> None:
         unit = self.units[i]
         if unit.native:
-            _fill_native(unit.jobs, self.bitmask, self._executor)
+            _fill_batch(unit.jobs, self.bitmask, self._batch)
         else:
             _fill_guarded(unit.jobs[0], self.bitmask, self._fault if i == 0 else None)
         with self._cv:
@@ -168,20 +168,21 @@ class MaskFill:
 
 @dataclass
 class _Unit:
-    """What one worker claims at once: one job, or (`native`) a chunk of plain llguidance jobs
-    filled by one batch call."""
+    """What one worker claims at once: one job, or (`native`) a chunk of plain jobs filled by
+    one native batch call."""
 
     jobs: list[MaskJob]
     native: bool = False
 
 
-def _units(jobs: list[MaskJob], fault: bool, batch: bool) -> list[_Unit]:
-    """`jobs` as units: plain jobs (`_plain`) in chunks of up to `NATIVE_CHUNK` when `batch`,
-    every other job alone (the first one too when a `fault` is to be raised in it)."""
+def _units(jobs: list[MaskJob], fault: bool, batch: MaskBatchFiller | None) -> list[_Unit]:
+    """`jobs` as units: plain jobs (`_plain`) in chunks of up to `NATIVE_CHUNK` when there is
+    a `batch` fill, every other job alone (the first one too when a `fault` is to be raised in
+    it)."""
     units: list[_Unit] = []
     chunk: _Unit | None = None
     for k, job in enumerate(jobs):
-        if not batch or (fault and k == 0) or not _plain(job):
+        if batch is None or (fault and k == 0) or not _plain(job, batch):
             units.append(_Unit([job]))
             continue
         if chunk is None or len(chunk.jobs) == NATIVE_CHUNK:
@@ -195,11 +196,11 @@ def _units(jobs: list[MaskJob], fault: bool, batch: bool) -> list[_Unit]:
     return sorted(units, key=lambda u: (-u.jobs[0].seq.mask_deferrals, not u.native))
 
 
-def _plain(job: MaskJob) -> bool:
-    """A job llguidance's batch call can fill: one row of a matcher with a native cursor
-    (`Matcher.native_cursor`; its `refine_mask` runs after the call), no late masks."""
+def _plain(job: MaskJob, batch: MaskBatchFiller) -> bool:
+    """A job the native batch call can fill: one row of a matcher the grammar layer batches
+    (`MaskBatchFiller.batched`), no late masks."""
     seq = job.seq
-    return not job.draft and seq.late_mask is None and seq.matcher.native_cursor() is not None
+    return not job.draft and seq.late_mask is None and batch.batched(seq.matcher)
 
 
 class MaskFiller:
@@ -222,12 +223,12 @@ class MaskFiller:
         self._turn = 0
         self.late_done = threading.Event()  # a late fill ended (`MaskFill`)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="corral-mask")
-        self._executor = llguidance.LLExecutor(threads)
+        self._batch = MaskBatchFiller(threads)
 
     def start(self, jobs: list[MaskJob], num_rows: int, fault: Exception | None = None) -> MaskFill:
         """Begin filling an `int32[num_rows, W]` bitmask (`MaskFill.wait`, then its `bitmask`).
         `fault` (tests, `engine.faults`) is raised inside the first job's fill."""
-        fill = MaskFill(jobs, self._buffer(num_rows), fault, self.late_done, self._executor)
+        fill = MaskFill(jobs, self._buffer(num_rows), fault, self.late_done, self._batch)
         for _ in range(min(self.threads, len(jobs))):
             self._pool.submit(fill.work)
         return fill
@@ -268,7 +269,7 @@ def _unrecoverable(error: str) -> SequenceFailed:
 def fill_checked(matcher: Matcher, bitmask: torch.Tensor, row: int) -> None:
     """Fill `bitmask[row]` (all ones when everything is allowed), recovering a matcher in error
     once; raises `SequenceFailed` when it stays in error."""
-    _recovering(matcher, lambda: _fill_row(matcher, bitmask, row))
+    _recovering(matcher, lambda: fill_row(matcher, bitmask, row))
 
 
 def accept_checked(matcher: Matcher, token: int) -> bool:
@@ -309,31 +310,17 @@ def _fill_guarded(job: MaskJob, bitmask: torch.Tensor, fault: Exception | None) 
         _fail_job(job, bitmask, failure)
 
 
-def _fill_native(
-    jobs: list[MaskJob], bitmask: torch.Tensor, executor: llguidance.LLExecutor
-) -> None:
-    """Fill plain llguidance jobs' rows in one batch call (`_plain`): the GIL is released
-    once for all of them, and llguidance's own threads share the rows. Then the per-row
-    contract: a matcher left in its error state is filled again the checked way (recovered
-    once, or its sequence fails), as are all of them if the batch call itself refuses."""
-    cursors = [(job.seq.matcher.native_cursor(), job.first_row) for job in jobs]
+def _fill_batch(jobs: list[MaskJob], bitmask: torch.Tensor, batch: MaskBatchFiller) -> None:
+    """Fill plain jobs' rows in one native batch call (`_plain`): the GIL is released once
+    for all of them, and the backend's own threads share the rows. Then the per-row contract:
+    a row the batch did not fill (its matcher in its error state, or the batch call refused as
+    a whole) is filled again the checked way (recovered once, or its sequence fails)."""
     try:
-        executor.unsafe_compute_mask_ptr(
-            cursors, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
-        )
-    except Exception:  # e.g. a cursor borrowed elsewhere ("Already borrowed")
-        for job in jobs:
-            _fill_guarded(job, bitmask, None)
-        return
-    for job in jobs:
-        m = job.seq.matcher
-        try:
-            if m.error() is None:
-                m.refine_mask(bitmask, job.first_row)
-                continue
-        except Exception:  # noqa: S110 - filled again below, where failures are handled
-            pass
-        _fill_guarded(job, bitmask, None)
+        failed = batch.fill([job.seq.matcher for job in jobs], [j.first_row for j in jobs], bitmask)
+    except Exception:  # every row is filled again below, where failures are handled
+        failed = range(len(jobs))
+    for i in failed:
+        _fill_guarded(jobs[i], bitmask, None)
 
 
 def _fill_job(job: MaskJob, bitmask: torch.Tensor) -> None:
@@ -361,8 +348,3 @@ def _fill_job(job: MaskJob, bitmask: torch.Tensor) -> None:
 def _fail_job(job: MaskJob, bitmask: torch.Tensor, failure: EngineFailure) -> None:
     job.seq.failure = failure
     bitmask[job.first_row : job.first_row + len(job.draft) + 1].fill_(-1)
-
-
-def _fill_row(matcher: Matcher, bitmask: torch.Tensor, row: int) -> None:
-    if not matcher.fill_mask(bitmask, row):
-        bitmask[row].fill_(-1)  # every token allowed

@@ -22,8 +22,9 @@ class Matcher(ABC):
 
     def native_cursor(self) -> Any | None:
         """The llguidance cursor whose mask is this matcher's before ``refine_mask``, for a batch
-        fill of many rows in one native call (``engine.grammar_masks``); None when there is none
-        and ``fill_mask`` must be called."""
+        fill of many rows in one native call (``mask_batch``, ``backends.llg_batch``: nothing
+        outside the grammar layer fills through it); None when there is none and ``fill_mask``
+        must be called."""
         return None
 
     def refine_mask(self, bitmask: torch.Tensor, row: int) -> None:  # noqa: B027 - optional
