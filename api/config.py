@@ -1,7 +1,7 @@
 """ServerConfig: every `corral serve` setting, its flag, its environment variable and its meaning.
 
-One table (`SETTINGS`) drives the command-line flags, the environment variables and the README's
-configuration table, so the three cannot drift apart. Precedence: flag, then environment, then
+One table (`SETTINGS`) drives the command-line flags, the environment variables and the
+configuration table in docs/serving.md, so the three cannot drift apart. Precedence: flag, then environment, then
 the default.
 """
 
@@ -95,7 +95,7 @@ class ServerConfig:
     open_objects: bool = False
     tool_call_format: str = "auto"
     reasoning_format: str | None = None
-    # Limits on what one request may send, each named in its 400 (api/limits.py; the README's
+    # Limits on what one request may send, each named in its 400 (api/limits.py; docs/serving.md's
     # "Limits" table sets them beside OpenAI's). Measured on SmolLM2's tokenizer (2 CPU cores):
     # llguidance's JSON parser stops at 128 levels of nesting, so a schema document may nest
     # 64 (31 levels of objects in properties); 5,000 required properties compile in 1 s,
@@ -298,7 +298,7 @@ SETTINGS: tuple[Setting, ...] = (
             "constraints apply after it (default: none)"),
     Setting("cache_url", "--cache-url", "CORRAL_CACHE_URL", str,
             "redis://host:port/db: compiled constraints shared with every replica naming the "
-            "same Redis, after memory and disk (default: none; see README, Scaling out)"),
+            "same Redis, after memory and disk (default: none; see docs/deployment.md, Scaling out)"),
     Setting("cache_prefetch", "--cache-prefetch", "CORRAL_CACHE_PREFETCH", parse_bool,
             "with --cache-url: load the constraints other replicas compile into memory in the "
             "background, before a request asks for them (default true)"),

@@ -2,7 +2,7 @@
 
 The bounds are the server's configuration (``ServerConfig``: ``max_n``, ``max_tools``,
 ``max_schema_bytes``, ``max_schema_depth``, ``max_schema_properties``, ``max_enum_values``) and
-are listed beside OpenAI's in the README's "Limits" section. A refusal names the request field
+are listed beside OpenAI's in docs/serving.md, "Limits". A refusal names the request field
 (``param``), the limit (``limit``, the setting's name), the request's value and the bound.
 
 Every walk here is iterative and linear in the size of the request: schemas arrive thousands

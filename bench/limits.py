@@ -1,4 +1,4 @@
-"""The compile and mask costs behind the README's "Limits" defaults.
+"""The compile and mask costs behind the "Limits" defaults (docs/serving.md).
 
 Three measurements, each the median of ``--repeat`` runs, on the Llama-3 tokenizer (128,256
 tokens, the benches' reference) or on the served model's (``--tokenizer default``):

@@ -50,7 +50,7 @@ from corral.grammar.schema.facts import ANNOTATIONS
 
 XGRAMMAR = "xgrammar-strict"  # the xgrammar target measured, configured as in MaskBench
 #: Keywords taken to be enforced exactly by xgrammar (with a filter for its string bugs, see
-#: FUZZING.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
+#: docs/fuzzing.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
 XGRAMMAR_EXACT = ANNOTATIONS | {
     "type",
     "properties",
