@@ -12,6 +12,7 @@ import llguidance
 import torch
 
 from corral.grammar.backends.llg_limits import LIMITS, classify, effective_limits, first_line
+from corral.grammar.backends.quirks import LARK_ESCAPED_STRING
 from corral.grammar.core.errors import ConstraintError
 from corral.grammar.core.input_checks import nesting_error
 from corral.grammar.core.matcher import Matcher
@@ -58,14 +59,11 @@ def grammar_from_schema(schema: dict[str, Any] | bool, fmt: JsonFormat) -> str:
         raise refusal(str(e), "schema") from None
 
 
-# llguidance's built-in common.ESCAPED_STRING lets a raw newline into the string; Lark's own
-# definition (the one a Lark grammar's author means) does not.
-_LARK_ESCAPED_STRING = 'ESCAPED_STRING: /"(\\\\[^\\n]|[^"\\\\\\n])*"/'
-
-
 def grammar_from_lark(lark: str) -> str:
+    """The llguidance grammar of a Lark grammar, whose ``common.ESCAPED_STRING`` means Lark's
+    own (``quirks.LARK_ESCAPED_STRING_TAKES_NEWLINE``)."""
     lark = re.sub(
-        r"^%import\s+common\.ESCAPED_STRING\s*$", lambda _: _LARK_ESCAPED_STRING, lark, flags=re.M
+        r"^%import\s+common\.ESCAPED_STRING\s*$", lambda _: LARK_ESCAPED_STRING, lark, flags=re.M
     )
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
@@ -150,10 +148,11 @@ def refusal(message: str, keyword: str) -> ConstraintError:
 def try_consume(matcher: Any, tokens: list[int]) -> int:
     """Consume ``tokens`` until one is refused; how many were taken.
 
-    ``try_consume_tokens`` refuses a token that would pass a runtime limit (an Earley row too
-    large) just as it refuses one the grammar forbids, and leaves the matcher healthy. So a
-    refused token is tried once more on a copy (about 6 us): when the copy fails on a limit, the
-    matcher takes the copy's error state, so that ``is_error()`` tells the truth.
+    ``try_consume_tokens`` may refuse a token that would pass a runtime limit just as it refuses
+    one the grammar forbids, and leave the matcher healthy
+    (``quirks.TRY_CONSUME_HIDES_LEXER_LIMIT``). So a refused token is tried once more on a copy
+    (about 6 us): when the copy fails on a limit, the matcher takes the copy's error state, so
+    that ``is_error()`` tells the truth.
     """
     n = matcher.try_consume_tokens(tokens)
     if n < len(tokens):
@@ -190,8 +189,8 @@ class LLGuidanceMatcher(Matcher):
     def _fresh_cursor(self) -> None:
         self._m, self._source = self._prototype.copy()
         self._ended = False  # an EOS was accepted
-        # llguidance records nothing for an EOS taken once it has stopped by itself (e.g. after
-        # the closing brace of a JSON root), so rollback must not hand that EOS to it.
+        # An EOS taken once llguidance has stopped by itself is not recorded, so rollback must
+        # not hand that EOS to it (quirks.EOS_AFTER_STOP_UNRECORDED).
         self._eos_unrecorded = False
         self._lost: str | None = None  # set when a replay could not rebuild the state
 
@@ -241,7 +240,7 @@ class LLGuidanceMatcher(Matcher):
         return self._m.compute_ff_bytes()
 
     def is_terminated(self) -> bool:
-        # llguidance also reports an errored matcher as stopped; that is no finished grammar.
+        # An errored matcher reads as stopped (quirks.ERROR_READS_AS_STOPPED): not finished.
         return self._m.is_stopped() and not self._m.is_error()
 
     def can_terminate(self) -> bool:

@@ -38,8 +38,9 @@ RAISED: dict[str, int] = dict(max_items_in_row=4_100)
 
 LIMITS_ENV = "CORRAL_LLG_LIMITS"
 
-# llguidance reports a limit only as text (no code), so its messages are matched here, in one
-# table, against the fragments its sources emit. Order matters: the first fragment found wins.
+# llguidance reports a limit only as text (quirks.LIMITS_ONLY_AS_TEXT), so its messages are
+# matched here, in one table, against the fragments its sources emit. Order matters: the first
+# fragment found wins.
 _MESSAGES: tuple[tuple[str, str, str], ...] = (
     (
         "Current row has",

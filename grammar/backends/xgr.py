@@ -53,7 +53,7 @@ class XGrammarMatcher(Matcher):
         self._tokens: list[int] = []
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
-        if self._m.is_terminated():  # nothing may follow; xgrammar raises here
+        if self._m.is_terminated():  # nothing may follow (quirks.RAISES_WHEN_TERMINATED)
             bitmask[row] = 0
             return True
         return bool(self._m.fill_next_token_bitmask(bitmask, row))
@@ -68,7 +68,7 @@ class XGrammarMatcher(Matcher):
         self._m.rollback(n)
 
     def forced_continuation(self) -> bytes:
-        if self._m.is_terminated():
+        if self._m.is_terminated():  # quirks.RAISES_WHEN_TERMINATED
             return b""
         return self._m.find_jump_forward_string().encode()
 

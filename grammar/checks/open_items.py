@@ -235,7 +235,7 @@ def _listed(node: Any, target: Callable[[str], Any]) -> list | None:
             return None
         values = [v for t in named for v in ((True, False) if t == "boolean" else (None,))]
     if any(isinstance(v, dict | list | float) for v in values):
-        return None  # one spelling only: the backend writes the float 1.0 as 1
+        return None  # one spelling only: quirks.LISTED_NUMBERS_SPELT_PLAIN (1.0 as 1)
     judge = Draft202012Validator(node)
     return [v for v in values if judge.is_valid(v)]
 

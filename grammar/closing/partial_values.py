@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from corral.grammar.backends.quirks import listed_number_text
 from corral.grammar.checks.value_sites import FRACTION
 from corral.grammar.closing.shortest import (
     JsonCloser,
@@ -106,13 +107,14 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
 
 
 def _listed_numbers(node: Schema, typed: str) -> str | None:
-    """For a number `enum`/`const`: the shortest rest of a listed number spelt from `typed`
-    (an integral value as an integer, as the backend writes it); None when none is listed."""
+    """For a number `enum`/`const`: the shortest rest of a listed number spelt from `typed`, as
+    the backend spells it (``quirks.listed_number_text``: 1.0 as 1, 1e20 in plain decimal);
+    None when none is listed."""
     values = listed_values(node)
     if values is None:
         return None
     spellings = (
-        json.dumps(int(v) if isinstance(v, float) and v.is_integer() else v)
+        listed_number_text(v)
         for v in values
         if isinstance(v, int | float) and not isinstance(v, bool)
     )

@@ -20,12 +20,12 @@ from functools import lru_cache
 
 from interegular.fsm import FSM
 
+from corral.grammar.backends.quirks import json_safe
 from corral.grammar.regex.automata import SURROGATES, Languages, Outside, without_surrogates
 from corral.grammar.regex.translate import (
     Ranges,
     class_regex,
     complement_ranges,
-    json_safe,
     merge_ranges,
 )
 
@@ -152,7 +152,7 @@ def regular(pattern: str, narrow_ends: bool = False) -> Anchored | None:
     with look-arounds written without them (lone surrogates left out, as in `complement`).
     `narrow_ends`: every `$` is read as the end of the text (as the backend reads it), which
     leaves out the matches Python's `$` finds before a final newline: a narrowing, but one that
-    writes a `$` inside the pattern (`(,|$)`), which the backend refuses, without it."""
+    writes a `$` inside the pattern (`(,|$)`) without it (``quirks.END_ANCHOR_ONLY_AT_END``)."""
     return _anchored(pattern, negate=False, end_newline=not narrow_ends)
 
 
@@ -246,7 +246,7 @@ def _print(node: tuple, cls) -> str:
             return "[^\\s\\S]"  # matches nothing (never printed for a non-empty language)
         options = [c for c in node[1] if c != _EPS]
         classes = [c for c in options if c[0] == "cls"]
-        if len(classes) > 1:  # the backend merges one-class options: merged here first
+        if len(classes) > 1:  # merged first, as the backend does (ONE_CLASS_ALTERNATIVES_MERGED)
             joined = ("cls", tuple(merge_ranges([r for c in classes for r in c[1]])))
             options = [joined] + [c for c in options if c[0] != "cls"]
         body = "|".join(_print(c, cls) for c in options)
@@ -262,7 +262,7 @@ def _atom(node: tuple, cls) -> str:
 def _backend_class(ranges: tuple) -> str:
     """A class in the backend's dialect, negated when that is shorter (the backend's classes
     hold Unicode scalar values only, so a negated class never admits a surrogate), made safe
-    for the backend's quoting inside a JSON string (`json_safe`: a narrowing)."""
+    for the backend's quoting inside a JSON string (`quirks.json_safe`: a narrowing)."""
     ranges = tuple(json_safe(list(ranges)))
     rest = without_surrogates(complement_ranges(list(ranges)))
     if len(rest) < len(ranges):

@@ -18,6 +18,7 @@ from functools import cache
 from re import _constants as C  # type: ignore[attr-defined]
 from re import _parser as P  # type: ignore[attr-defined]
 
+from corral.grammar.backends.quirks import json_safe
 from corral.grammar.core.errors import ConstraintError
 
 Ranges = list[tuple[int, int]]  # sorted, disjoint, inclusive code-point ranges
@@ -87,8 +88,8 @@ def translate_regex(
 
 def _end_inside(items: list, last: bool) -> bool:
     """Whether an end anchor (`$`, `\\Z`) stands anywhere but at the end of the pattern (the
-    last item of a sequence that ends it, through groups and alternatives): the backend's
-    regexes read one only there."""
+    last item of a sequence that ends it, through groups and alternatives): the backend
+    refuses one anywhere else (``backends.quirks.END_ANCHOR_ONLY_AT_END``)."""
     for i, (op, arg) in enumerate(items):
         at_end = last and i == len(items) - 1
         if op is C.AT and arg in (C.AT_END, C.AT_END_STRING) and not at_end:
@@ -149,7 +150,8 @@ class _Printer:
         self.narrow, self.in_json, self.guarded = narrow, in_json, False
 
     def cls(self, ranges: Ranges) -> str:
-        """A class; inside a JSON string, made safe for the backend's quoting (`json_safe`)."""
+        """A class; inside a JSON string, made safe for the backend's quoting (`json_safe`,
+        ``quirks.CONTROL_CLASS_LETS_QUOTES_THROUGH``)."""
         if self.in_json:
             safe = json_safe(ranges)
             self.guarded = self.guarded or safe != ranges
@@ -194,7 +196,7 @@ class _Printer:
             if arg not in _ANCHORS:
                 raise self.refuse(f"the word-boundary assertion {arg}")
             return _ANCHORS[arg]
-        if op is C.BRANCH:  # the backend merges one-class branches: merged here first
+        if op is C.BRANCH:  # one-class branches merged first (ONE_CLASS_ALTERNATIVES_MERGED)
             singles = [self.single_class(list(b)) for b in arg[1]]
             merged = merge_ranges([r for one in singles if one is not None for r in one])
             rest = [
@@ -304,31 +306,6 @@ def _char(cp: int) -> str:
     if ch.isascii() and ch.isalnum():
         return ch
     return f"\\x{{{cp:x}}}"
-
-
-#: Every control character: llguidance (1.x) lets a JSON string's `"` and `\\` through a
-#: class that holds all of them, whether or not the class holds `"` and `\\` themselves
-#: (`^[^"]*$` accepted `a"b`). Measured with llguidance 1.9.1.
-_CONTROLS = (0, 0x1F)
-
-
-def json_safe(ranges: Ranges) -> Ranges:
-    """`ranges` for a class inside a JSON string pattern: where they hold every control
-    character but not both `"` and `\\`, NUL is left out (a narrowing: a class missing one
-    control character is quoted right by the backend)."""
-    lo, hi = _CONTROLS
-    covers = any(a <= lo and b >= hi for a, b in ranges)
-    whole = all(any(a <= c <= b for a, b in ranges) for c in (0x22, 0x5C))
-    if not covers or whole:
-        return ranges
-    out: Ranges = []
-    for a, b in ranges:
-        if a <= 0 <= b:
-            if b > 0:
-                out.append((1, b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def class_regex(ranges: Ranges) -> str:

@@ -7,9 +7,10 @@ Invariants of the output schema (the contract with the backend):
 * it accepts exactly the instances `jsonschema` (Draft 2020-12, with format checks) accepts for
   the input, except where lenient mode dropped a keyword, which is then listed in `unenforced`
   (dropping a keyword never widens what is accepted silently);
-* it only uses keywords llguidance implements exactly: no annotations, no `oneOf`, `not`,
-  `if`/`then`/`else`, `dependencies`, `propertyNames`, `format`; all `$ref`s are `#` or
-  `#/$defs/<generated>`.
+* it only uses keywords llguidance implements exactly: no annotations, none of
+  ``backends.quirks.NOT_IMPLEMENTED_KEYWORDS`` (`oneOf`, `not`, `if`/`then`/`else`,
+  `propertyNames`, ...), no `dependencies`, no `format` (``quirks.LOOSE_FORMATS``); all `$ref`s
+  are `#` or `#/$defs/<generated>`.
 The walk costs one pass over the schema plus the rewrites it performs; every step is charged to
 `budget`, so pathological schemas (deeply nested `oneOf`/`not`) fail fast.
 
@@ -242,10 +243,11 @@ class _Analyzer:
 
     def _guard_min_properties(self, out: dict, pointer: str) -> None:
         """The backend counts a repeated free-form key (additional or pattern properties) towards
-        minProperties, but a JSON parser keeps one of the two, so the count can come up short.
-        Exact as it stands when the required keys alone reach the bound, when the bound is 1
-        (an object with a key written holds one, repeated or not), or every key is declared;
-        otherwise only when outputs never repeat a key (`_distinct_keys`)."""
+        minProperties (``backends.quirks.REPEATED_KEYS_COUNT``), but a JSON parser keeps one of
+        the two, so the count can come up short. Exact as it stands when the required keys
+        alone reach the bound, when the bound is 1 (an object with a key written holds one,
+        repeated or not), or every key is declared; otherwise only when outputs never repeat a
+        key (`_distinct_keys`)."""
         bound = out.get("minProperties")
         if not isinstance(bound, int) or bound <= max(1, len(set(out.get("required", ())))):
             return

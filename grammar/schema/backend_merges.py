@@ -1,18 +1,21 @@
 """Which parts of a schema the backend merges with another: leave their layout as it is.
 
-llguidance merges ``allOf``, a ``$ref`` beside other keywords, and ``anyOf``/``oneOf`` beside
-other keywords into one schema, and it is that merge that decides how the merged object's
-properties are laid out. A rewrite of an object's layout (``schema_order`` freeing optional
-properties) must therefore stay out of such nodes, out of everything below them, and out of the
-definitions referenced from them; and a definition that a reference points inside cannot be
-rewritten either (the pointer would not survive). ``merged_definitions`` finds those
-definitions; ``merges`` says which nodes merge.
+llguidance merges the object keywords of ``allOf`` parts, ``anyOf``/``oneOf`` branches and
+``$ref`` targets with those of the schema that holds them, and it is that merge that decides
+how the merged object's properties are laid out (``backends.quirks``:
+``MERGED_PROPERTIES_IN_KEYWORD_ORDER``, ``PATTERN_KEYS_DISJOINT``). A rewrite of an object's
+layout (``schema_order`` freeing optional properties) must therefore stay out of such nodes, out
+of everything below them, and out of the definitions referenced from them; and a definition that
+a reference points inside cannot be rewritten either (the pointer would not survive).
+``merged_definitions`` finds those definitions; ``merges`` says which nodes merge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from corral.grammar.backends.quirks import APPLICATORS_READ_IN_ORDER, READ_BEFORE_APPLICATORS
 
 _DEFS = "#/$defs/"
 #: Where a schema node holds subschemas: maps of them, lists of them, and single ones.
@@ -91,12 +94,6 @@ def _whole(ref: str, defs: dict) -> bool:
     return ref == "#" or (ref.startswith(_DEFS) and ref[len(_DEFS) :] in defs)
 
 
-#: The keywords llguidance merges with the siblings it has read so far.
-_APPLICATORS = frozenset(("allOf", "anyOf", "oneOf"))
-#: Siblings such a merge loses when they come after it.
-_READ_FIRST = ("patternProperties", "additionalProperties")
-
-
 def map_schemas(node: Any, change: Callable[[dict], dict], memo: dict[int, Any]) -> Any:
     """``node`` with ``change`` applied to each schema node, innermost first (``properties``,
     ``$defs``, branches, ``items``...; ``const``/``enum`` values are not schemas). Copy-on-write:
@@ -120,21 +117,18 @@ def map_schemas(node: Any, change: Callable[[dict], dict], memo: dict[int, Any])
 
 def pattern_keys_first(node: Any) -> Any:
     """``node`` with ``patternProperties`` and ``additionalProperties`` ahead of every
-    ``allOf``/``anyOf``/``oneOf`` of the same schema.
-
-    llguidance (1.x) merges an applicator with the sibling keywords read before it, and pattern
-    keys read after it are lost to the merge: ``{"additionalProperties": false, "allOf":
-    [{"required": ["a"]}], "patternProperties": {"^a$": true}}`` is refused as unsatisfiable,
-    while the same schema with ``patternProperties`` first compiles. Nothing else moves: the
-    order of ``properties`` against an ``allOf`` decides which keys the backend lays out first."""
+    ``allOf``/``anyOf``/``oneOf`` of the same schema: written after one, the backend loses them
+    to its merge (``quirks.PATTERN_KEYS_READ_BEFORE_APPLICATORS``). Nothing else moves: the
+    order of ``properties`` against an ``allOf`` decides which keys the backend lays out first
+    (``quirks.MERGED_PROPERTIES_IN_KEYWORD_ORDER``)."""
     return map_schemas(node, _pattern_keys_first, {})
 
 
 def _pattern_keys_first(node: dict) -> dict:
     keys = list(node)
-    first = next((i for i, k in enumerate(keys) if k in _APPLICATORS), len(keys))
-    late = [k for k in keys[first:] if k in _READ_FIRST]
+    first = next((i for i, k in enumerate(keys) if k in APPLICATORS_READ_IN_ORDER), len(keys))
+    late = [k for k in keys[first:] if k in READ_BEFORE_APPLICATORS]
     if not late:
         return node
-    order = keys[:first] + late + [k for k in keys[first:] if k not in _READ_FIRST]
+    order = keys[:first] + late + [k for k in keys[first:] if k not in READ_BEFORE_APPLICATORS]
     return {k: node[k] for k in order}

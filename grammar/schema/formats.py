@@ -11,8 +11,8 @@ JSON Schema makes `format` an annotation unless the validator asserts it. Corral
 * checked but not expressible here (idn-hostname, idn-email, ...): refused in strict
   mode, since passing it on would let the backend accept strings the judge rejects.
 
-llguidance's own format regexes are not used: some accept strings the checker rejects (leap
-seconds, February 29 of common years, host names over 253 characters).
+The backend's own format regexes are not used: some accept strings the checker rejects
+(``backends.quirks.LOOSE_FORMATS``).
 
 Copies: `format_constraint` returns a new dict on every call.
 """

@@ -23,6 +23,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from corral.grammar.backends.quirks import LEFT_OUT, negation_lets_quotes_through
 from corral.grammar.checks.value_sites import FRACTION
 from corral.grammar.schema.deferred import Deferred
 from corral.grammar.schema.facts import ALL_TYPES, closed_keys, normalize_types, types_of
@@ -330,11 +331,10 @@ def _trie_complement(node: dict) -> str:
     alts = [] if node.get("") else [""]
     chars = [c for c in node if c != ""]
     if chars:
-        if ({'"', "\\"} & set(chars)) and not any(c < " " for c in chars):
-            # a class of every control character but not '"' or '\\': the backend would let
-            # both through inside a JSON string (`regex_translate.json_safe`); leaving NUL
-            # out as well narrows, exactly as the judge's form of this regex does
-            excluded = [*chars, "\x00"]
+        if negation_lets_quotes_through(chars):
+            # leaving NUL out as well narrows (`quirks.CONTROL_CLASS_LETS_QUOTES_THROUGH`),
+            # exactly as the judge's form of this regex does
+            excluded = [*chars, chr(LEFT_OUT)]
         else:
             excluded = chars
         cls = "".join(regex_escape(c) for c in sorted(excluded))

@@ -1,26 +1,27 @@
 """Optional properties in any order: a rewrite of the analysed schema for the backend.
 
-llguidance lays out an object's declared ``properties`` in the order the schema lists them, so
-an instance listing an optional property earlier is valid but cannot be produced. Its free-form
-keys (``patternProperties``, ``additionalProperties``) come in any order. So an optional
-property ``p`` with schema ``S`` becomes the pattern property ``^p$: S``: the same instances are
-valid (a key named ``p`` is checked against ``S`` either way, and ``additionalProperties``
-still applies to exactly the other keys), and ``p`` may now come anywhere after the required
-keys -- but, as a free-form key, it could also come twice. The rewrite is therefore only made
-together with the check that no object repeats a key (``distinct_keys``), and only on open
-objects (``additionalProperties`` not false), whose keys can always be finished as a new key, so
-that check never leaves a dead end (``distinct_keys.dead_end_risk``).
+The backend lays out an object's declared ``properties`` in the order the schema lists them,
+before its free-form keys (``patternProperties``, ``additionalProperties``), which come in any
+order (``backends.quirks.DECLARED_PROPERTIES_IN_ORDER``), so an instance listing an optional
+property earlier is valid but cannot be produced. So an optional property ``p`` with schema
+``S`` becomes the pattern property ``^p$: S``: the same instances are valid (a key named ``p``
+is checked against ``S`` either way, and ``additionalProperties`` still applies to exactly the
+other keys), and ``p`` may now come anywhere after the required keys -- but, as a free-form key,
+it could also come twice. The rewrite is therefore only made together with the check that no
+object repeats a key (``distinct_keys``), and only on open objects (``additionalProperties`` not
+false), whose keys can always be finished as a new key, so that check never leaves a dead end
+(``distinct_keys.dead_end_risk``).
 
-With every declared property required, llguidance also enforces ``minProperties`` and
-``maxProperties`` over the pattern keys, which it refuses next to optional declared properties.
+With every declared property required, the backend also enforces ``minProperties`` and
+``maxProperties`` over the pattern keys (``quirks.MIN_MAX_PROPERTIES_NEED_ALL_REQUIRED``).
 
-Where it is not made: objects with a required key declared after an optional one (the backend
-lays required keys out first, so the declared order would be lost) or not declared at all, with
-their own ``patternProperties`` (the backend wants pattern keys disjoint; ``^p$`` overlapping
-one would be refused) or ``unevaluatedProperties``; `anyOf`/`oneOf` branches merged with their
-holder's object keywords, and the holder itself; anything inside an ``allOf`` or a ``$ref`` next
-to other keywords, or in a definition referenced from there (``schema_merges``: the backend
-merges those, and would meet ``^p$`` next to a declared ``p``).
+Where it is not made: objects with a required key declared after an optional one (the required
+keys stay declared, so they would be laid out before the freed one and the declared order would
+be lost) or not declared at all, with their own ``patternProperties`` (pattern keys must be
+disjoint: ``quirks.PATTERN_KEYS_DISJOINT``) or ``unevaluatedProperties``; `anyOf`/`oneOf`
+branches merged with their holder's object keywords, and the holder itself; anything inside an
+``allOf`` or a ``$ref`` next to other keywords, or in a definition referenced from there
+(``schema_merges``: the backend merges those, ``quirks.MERGED_PROPERTIES_IN_KEYWORD_ORDER``).
 Nor anywhere when some object elsewhere could run out of new keys: the key check applies to the
 whole output (``dead_end_risk``).
 """

@@ -43,6 +43,8 @@ from corral.grammar.schema.negate import NotExpressible
 from corral.grammar.schema.rewrite_log import PATTERN_LOOKAROUND, PATTERN_NARROWED, PATTERN_NUL
 
 _DOUBLE_NEGATION = {"d": r"[^\D]", "w": r"[^\W]", "s": r"[^\S]"}
+#: The refusal of a key pattern that ``quirks.json_safe`` had to narrow (the backend's quoting:
+#: ``quirks.CONTROL_CLASS_LETS_QUOTES_THROUGH``).
 _NUL_KEY = (
     "pattern {!r} holds a class of every control character but not both '\"' and '\\', "
     "which the backend cannot enforce exactly on keys (it would also let '\"' and '\\' "

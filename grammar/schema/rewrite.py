@@ -1,4 +1,5 @@
-"""Rewrites of keywords llguidance does not implement into equivalent ones it does.
+"""Rewrites of keywords llguidance does not implement (``backends.quirks.REFUSED_KEYWORDS``)
+into equivalent ones it does.
 
 Each rewrite is exact (same accepted instances as `jsonschema` judges them) or refuses:
 * `not S`                 -> the exact negation of S (see `schema_negate`);
