@@ -53,12 +53,7 @@ def validate_constraint(constraint, vocab_size: int, fingerprint: str | None) ->
 
 
 def constraint_vocab_size(constraint) -> int | None:
-    """The vocabulary a compiled constraint's masks cover, None when it does not say: its
-    `vocab_size`, else its native form's tokenizer (an llguidance prototype's `tokenizer`, an
-    xgrammar grammar's `tokenizer_info`)."""
+    """The vocabulary a compiled constraint's masks cover (its `vocab_size`), None when it
+    does not say."""
     width = getattr(constraint, "vocab_size", None)
-    native = getattr(constraint, "native", None)
-    for attr in ("tokenizer", "tokenizer_info"):
-        if width is None:
-            width = getattr(getattr(native, attr, None), "vocab_size", None)
     return None if width is None else int(width)

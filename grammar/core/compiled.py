@@ -41,6 +41,7 @@ class _Backend:
     load: Callable[[bytes, TokenizerInfo, Mapping[str, int]], Any]
     matcher: Callable[[Any, frozenset[int]], Matcher]
     native_bytes: Callable[[bytes, Any], int]
+    vocab_size: Callable[[Any], int]
 
 
 def _llg_load(payload: bytes, tok: TokenizerInfo, limits: Mapping[str, int]) -> Any:
@@ -49,6 +50,14 @@ def _llg_load(payload: bytes, tok: TokenizerInfo, limits: Mapping[str, int]) -> 
 
 def _llg_native_bytes(payload: bytes, native: Any) -> int:
     return _LLG_BASE_BYTES + _LLG_BYTES_PER_GRAMMAR_BYTE * len(payload)
+
+
+def _llg_vocab_size(native: Any) -> int:
+    return int(native.tokenizer.vocab_size)
+
+
+def _xgr_vocab_size(native: Any) -> int:
+    return int(native.tokenizer_info.vocab_size)
 
 
 def _xgr_load(payload: bytes, tok: TokenizerInfo, limits: Mapping[str, int]) -> Any:
@@ -66,8 +75,12 @@ def _xgr_native_bytes(payload: bytes, native: Any) -> int:
 #: Every backend a CompiledConstraint may name, by the name stored in its entries.
 _BACKENDS: Mapping[str, _Backend] = MappingProxyType(
     {
-        llg.NAME: _Backend(llg.VERSION, _llg_load, llg.LLGuidanceMatcher, _llg_native_bytes),
-        xgr.NAME: _Backend(xgr.VERSION, _xgr_load, _xgr_matcher, _xgr_native_bytes),
+        llg.NAME: _Backend(
+            llg.VERSION, _llg_load, llg.LLGuidanceMatcher, _llg_native_bytes, _llg_vocab_size
+        ),
+        xgr.NAME: _Backend(
+            xgr.VERSION, _xgr_load, _xgr_matcher, _xgr_native_bytes, _xgr_vocab_size
+        ),
     }
 )
 
@@ -129,6 +142,11 @@ class CompiledConstraint:
             sites = self._sites  # type: ignore[attr-defined]
             inner = ValueChecksMatcher(inner, sites, self.native.tokenizer, self.eos_token_ids)
         return inner
+
+    @property
+    def vocab_size(self) -> int:
+        """How many tokens its masks cover: the full vocabulary it was compiled for."""
+        return _BACKENDS[self.backend].vocab_size(self.native)
 
     @property
     def backend_version(self) -> str:
