@@ -16,28 +16,31 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from corral.api.errors import ApiError
-from corral.api.schema_forms import FORMS
 from corral.api.schema_stats import SchemaStats, json_pointer, schema_stats, text_bytes
 
 if TYPE_CHECKING:
     from corral.api.config import ServerConfig
     from corral.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
     from corral.api.response_formats import ResponseFormat
+    from corral.api.schema_forms import SchemaForms
 
 TOO_COMPLEX = "constraint_too_complex"
 
 
-def check_limits(req: ChatCompletionRequest | CompletionRequest, config: ServerConfig) -> None:
+def check_limits(
+    req: ChatCompletionRequest | CompletionRequest, config: ServerConfig, forms: SchemaForms
+) -> None:
     """Raise the 400 for the first limit ``req`` exceeds: the number of tools, then the size,
     depth, properties and enum values of each constraint (``n`` is ``check_n``'s, with the
-    other sampling parameters).
+    other sampling parameters). A json_schema's stats are measured once per form, remembered
+    in the server's ``forms``.
 
     ``req`` is a parsed chat or completions request whose constraint extensions are already
     folded into ``response_format`` (see ``protocol``). Run it before planning tools or
     compiling anything: it is O(size of the request) and never recurses."""
     tools = getattr(req, "tools", None) or []
     check_count("tools", len(tools), config.max_tools, "tools", "max_tools", "--max-tools")
-    for param, stats in _constraint_stats(req.response_format, tools):
+    for param, stats in _constraint_stats(req.response_format, tools, forms):
         _check_stats(param, stats, config)
 
 
@@ -60,13 +63,13 @@ def check_count(param: str, value: int, bound: int, what: str, limit: str, flag:
 
 
 def _constraint_stats(
-    fmt: ResponseFormat | None, tools: list[Tool]
+    fmt: ResponseFormat | None, tools: list[Tool], forms: SchemaForms
 ) -> Iterator[tuple[str, SchemaStats]]:
     """(param, stats) for the response format, then the tools' schemas as one running total
     (they compile into one constraint), yielded after each tool."""
     if fmt is not None:
         if fmt.type == "json_schema":
-            yield fmt.param, FORMS.stats(fmt.schema_form(), fmt.json_schema.schema_)
+            yield fmt.param, forms.stats(fmt.schema_form(), fmt.json_schema.schema_)
         elif fmt.type == "regex":
             yield fmt.param, SchemaStats(size=text_bytes(fmt.regex))
         elif fmt.type == "grammar":

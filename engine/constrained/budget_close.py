@@ -16,22 +16,29 @@ Exactness of the parts:
 - Per-step cost: the new token's characters are parsed incrementally and C is recomputed from
   the open frames (cost: the depth). It is only tokenized when its UTF-8 byte length exceeds
   the tokens left (every token holds at least one byte, so below that it surely fits).
+- A token's text is its bytes as the grammar matches them: the closing's tokenizer
+  (`grammar.core.runtime.BudgetClose`) reads them from `TokenizerInfo.token_bytes`, the table
+  the masks are built from, whatever the tokenizer's kind (byte-level BPE, byte fallback,
+  added tokens). Nothing here is kept between sequences but in that tokenizer.
 """
 
 from __future__ import annotations
 
 import codecs
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import torch
 
 from corral.engine.serving.core import BudgetReport, Sequence
-from corral.grammar.closing.partial_json import PartialJson
 from corral.grammar.closing.shortest import listed_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from corral.grammar.closing.partial_json import PartialJson
+    from corral.grammar.closing.tags import PartialTag
+    from corral.grammar.core.runtime import BudgetClose
+    from corral.grammar.core.tokenizer import TokenizerInfo
 
 
 # A partial UTF-8 character at the end of the output is completed with these continuation
@@ -43,12 +50,12 @@ _GREEDY_CHARS = '"}]0a,:1tn'  # tried first by the mask-guided fallback, in orde
 class BudgetSteer:
     """The budget-closing state of one sequence (`Sequence.budget`)."""
 
-    def __init__(self, seq: Sequence, tokenizer, max_model_len: int, buf: torch.Tensor) -> None:
+    def __init__(self, seq: Sequence, max_model_len: int, buf: torch.Tensor) -> None:
         """`buf`: a scratch `int32[1, W]` bitmask for the mask-guided fallback."""
-        self.tok = tokenizer
+        self.closing: BudgetClose = seq.params.budget_close  # type: ignore[assignment]
         self.buf = buf
         self.max_model_len = max_model_len
-        self.partial: PartialJson = PartialJson.empty(seq.params.budget_close)
+        self.partial: PartialJson | PartialTag = self.closing.start()
         self.decoder = codecs.getincrementaldecoder("utf-8")()
         self.active = True
         self.steered = False
@@ -70,19 +77,19 @@ class BudgetSteer:
 
     def admits(self, seq: Sequence, tok: int) -> bool:
         """Whether `seq` may take `tok` and keep the invariant; commits the parse when it may."""
-        if not self.active or (tok in _special_ids(self.tok) and _ends(seq, tok)):
+        if not self.active or (tok in self.closing.special_ids and _ends(seq, tok)):
             return True  # a stop token that ends a complete output is no text to close
         decoder = codecs.getincrementaldecoder("utf-8")()
         decoder.setstate(self.decoder.getstate())
         trial = self.partial.copy()
-        trial.feed(decoder.decode(token_bytes(self.tok, tok)))
+        trial.feed(decoder.decode(self.closing.token_bytes(tok)))
         need = self._length(trial, decoder.getstate()[0], self.room(seq) - 1)
         if need is None or need > self.room(seq) - 1:
             return False
         self.partial, self.decoder = trial, decoder
         return True
 
-    def _length(self, partial: PartialJson, pending: bytes, room: int) -> int | None:
+    def _length(self, partial: PartialJson | PartialTag, pending: bytes, room: int) -> int | None:
         """Tokens of C from `partial` (+ `pending` bytes of a split character), or an upper
         bound of them that already fits in `room`; None when C is unknown."""
         found = closing_after(partial, pending)
@@ -91,7 +98,7 @@ class BudgetSteer:
         head, text, _ = found
         if len(head) + len(text.encode()) <= room:
             return len(head) + len(text.encode())
-        return len(head) + len(self.tok.encode(text, add_special_tokens=False))
+        return len(head) + len(self.closing.encode(text))
 
     def close(self, seq: Sequence, append: Callable[[int], None]) -> bool:
         """Append C from the current state (verified first) and end `seq` as "length"; False
@@ -102,11 +109,12 @@ class BudgetSteer:
         tokens = None
         if found is not None:
             head, text, cut = found
-            tokens = [byte_token(self.tok, b) for b in head]
-            tokens += self.tok.encode(text, add_special_tokens=False)
+            spelt = [self.closing.byte_token(b) for b in head]
+            if None not in spelt:  # else a byte has no token of its own: greedy below
+                tokens = [*spelt, *self.closing.encode(text)]  # type: ignore[list-item]
             self.cut = tuple(sorted(set(cut)))
         if tokens is None or len(tokens) > room or not _verified(seq, tokens):
-            tokens = greedy_close(seq, room, self.tok, self.buf)
+            tokens = greedy_close(seq, room, self.closing.tokenizer, self.buf)
             self.cut = ()
         if tokens is None:
             self._stop("no closing sequence found")
@@ -168,11 +176,6 @@ def _ends(seq: Sequence, tok: int) -> bool:
     return done
 
 
-@lru_cache(maxsize=8)
-def _special_ids(tokenizer) -> frozenset[int]:
-    return frozenset(getattr(tokenizer, "all_special_ids", ()))
-
-
 def _verified(seq: Sequence, tokens: list[int]) -> bool:
     """Whether `seq`'s matcher accepts `tokens` and may end after them (state unchanged)."""
     m = seq.matcher
@@ -182,18 +185,21 @@ def _verified(seq: Sequence, tokens: list[int]) -> bool:
     return ok
 
 
-def greedy_close(seq: Sequence, limit: int, tokenizer, buf: torch.Tensor) -> list[int] | None:
+def greedy_close(
+    seq: Sequence, limit: int, tokenizer: TokenizerInfo, buf: torch.Tensor
+) -> list[int] | None:
     """A closing sequence of at most `limit` tokens found with the grammar's masks: each step
     takes the first allowed of a few one-character tokens that close or shorten JSON, else
     the first allowed token. The matcher is left as it was."""
     m, out = seq.matcher, []
+    greedy = tokenizer.derived(_greedy_ids)
     try:
         while not m.can_terminate():
             if len(out) >= limit:
                 return None
             m.fill_mask(buf, 0)
             allowed = _allowed(buf[0])
-            pick = next((t for t in _greedy_ids(tokenizer) if t in allowed), None)
+            pick = next((t for t in greedy if t in allowed), None)
             pick = pick if pick is not None else min(allowed, default=None)
             if pick is None or not m.accept(pick):
                 return None
@@ -212,48 +218,12 @@ def _allowed(row: torch.Tensor) -> set[int]:
     return out
 
 
-@lru_cache(maxsize=8)
-def _greedy_ids(tokenizer) -> tuple[int, ...]:
-    ids = [tokenizer.encode(ch, add_special_tokens=False) for ch in _GREEDY_CHARS]
+def _greedy_ids(tokenizer: TokenizerInfo) -> tuple[int, ...]:
+    """The one-token spellings of `_GREEDY_CHARS`, in order (built once per tokenizer, kept by
+    it: `TokenizerInfo.derived`)."""
+    ids = [tokenizer.encode(ch) for ch in _GREEDY_CHARS]
     return tuple(i[0] for i in ids if len(i) == 1)
 
 
 def _utf8_len(lead: int) -> int:
     return 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
-
-
-@lru_cache(maxsize=1)
-def _byte_pieces() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    extra = (b for b in range(256) if b not in printable)
-    return {
-        **{b: chr(b) for b in printable},
-        **{b: chr(0x100 + i) for i, b in enumerate(extra)},
-    }
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    return {ch: b for b, ch in _byte_pieces().items()}
-
-
-_TOKEN_BYTES: dict[tuple[int, int], bytes] = {}
-
-
-def token_bytes(tokenizer, tok: int) -> bytes:
-    """The bytes token `tok` stands for (byte-level BPE pieces mapped back to bytes)."""
-    key = (id(tokenizer), tok)
-    if key not in _TOKEN_BYTES:
-        piece = tokenizer.convert_ids_to_tokens(tok)
-        table = _byte_decoder()
-        if isinstance(piece, str) and piece and all(ch in table for ch in piece):
-            _TOKEN_BYTES[key] = bytes(table[ch] for ch in piece)
-        else:
-            _TOKEN_BYTES[key] = tokenizer.decode([tok]).encode()
-    return _TOKEN_BYTES[key]
-
-
-def byte_token(tokenizer, byte: int) -> int:
-    """The token of one raw byte (byte-level BPE)."""
-    return tokenizer.convert_tokens_to_ids(_byte_pieces()[byte])

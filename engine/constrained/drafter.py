@@ -62,9 +62,7 @@ class Drafter:
         none: its first mask fill fails it, inside a step, like any other matcher failure."""
         close = reasoning_close(seq, self.tokenizer)  # a reasoning budget of 0
         if seq.params.budget_close is not None and seq.matcher is not None:
-            seq.budget = BudgetSteer(
-                seq, self.tokenizer, self._post.max_model_len, self._force_mask
-            )
+            seq.budget = BudgetSteer(seq, self._post.max_model_len, self._force_mask)
         try:
             if len(close) < seq.params.max_tokens:  # a sequence never ends before its first pass
                 self._force_all(seq, close)

@@ -73,6 +73,10 @@ class Int4Weight:
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
 
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """`x @ self.T + b` (`any_linear` runs a quantized weight through its own `linear`)."""
+        return int4_linear(x, self, b)
+
 
 def int4_linear(x: torch.Tensor, w: Int4Weight, b: torch.Tensor | None) -> torch.Tensor:
     """`x @ W.T + b` for an `Int4Weight`, with the `Linear` signature of `engine.matmul`.
@@ -241,6 +245,9 @@ class Int8Weight:
     def shape(self) -> tuple[int, int]:
         return tuple(self.weight.shape)  # type: ignore[return-value]
 
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return int8_linear(x, self, b)
+
 
 def int8_linear(x: torch.Tensor, w: Int8Weight, b: torch.Tensor | None) -> torch.Tensor:
     """`x @ W.T + b` for an `Int8Weight` (same dtype handling as `int4_linear`)."""
@@ -260,23 +267,17 @@ def int8_requantized(w: torch.Tensor, compute_dtype: torch.dtype = torch.bfloat1
 MatmulWeight: TypeAlias = "torch.Tensor | Int4Weight | Int8Weight"
 """What a model's matmul weight may be: dense (plain or oneDNN-packed) or quantized."""
 
-_QUANTIZED_LINEAR: dict[type, Callable] = {Int4Weight: int4_linear, Int8Weight: int8_linear}
-
-
-def register_linear(weight_type: type, fn: Callable) -> None:
-    """Teach `any_linear` another weight type (e.g. `gguf_weights.RefinedHead`)."""
-    _QUANTIZED_LINEAR[weight_type] = fn
-
 
 def any_linear(dense: Callable) -> Callable:
-    """A `Linear` that runs quantized weights through their kernel and dense ones through
-    `dense`: a model may mix them (a GGUF tensor type without a mapping stays dense)."""
+    """A `Linear` that runs dense weights (tensors) through `dense` and quantized ones through
+    their own kernel, their `linear(x, b)` (`Int4Weight`, `Int8Weight`,
+    `gguf_weights.RefinedHead`): a model may mix them (a GGUF tensor type without a mapping
+    stays dense). Each weight type says how it runs; nothing is registered in a global."""
     if getattr(dense, "handles_quantized", False):
         return dense
 
     def linear(x: torch.Tensor, w, b: torch.Tensor | None) -> torch.Tensor:
-        fn = _QUANTIZED_LINEAR.get(type(w))
-        return dense(x, w, b) if fn is None else fn(x, w, b)
+        return dense(x, w, b) if isinstance(w, torch.Tensor) else w.linear(x, b)
 
     linear.handles_quantized = True  # type: ignore[attr-defined]
     return linear

@@ -37,7 +37,6 @@ from corral.engine.kernels.quant import (
     Int4Weight,
     int4_from_gguf,
     int4_linear,
-    register_linear,
 )
 from corral.engine.loading.gguf_loader import dequantize_array, hf_name, unpermute_qk
 from corral.engine.loading.weights import WeightLoadError
@@ -247,6 +246,10 @@ class RefinedHead:
     def shape(self) -> tuple[int, int]:
         return self.weight.shape
 
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """`x @ self.T (+ b)`: `refined_head_linear` (`quant.any_linear` calls it)."""
+        return refined_head_linear(x, self, b)
+
 
 def refined_head_linear(x: torch.Tensor, head: RefinedHead, b: torch.Tensor | None):
     """`x @ head.T (+ b)` in float32: the kernel's logits, the leaders' recomputed exactly.
@@ -261,9 +264,6 @@ def refined_head_linear(x: torch.Tensor, head: RefinedHead, b: torch.Tensor | No
     exact = torch.bmm(w, x.float().unsqueeze(2)).squeeze(2)
     y.scatter_(1, ids, exact)
     return y if b is None else y.add_(b)
-
-
-register_linear(RefinedHead, refined_head_linear)
 
 
 def load_gguf_quantized(path: str | Path, config: ModelConfig, dtype: torch.dtype) -> DecoderModel:

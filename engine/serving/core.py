@@ -19,9 +19,8 @@ if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forw
     from corral.engine.constrained.masks import LateMask
     from corral.engine.kvcache.radix_cache import Node
     from corral.engine.serving.detokenize import Detokenizer
-    from corral.grammar.closing.shortest import JsonCloser
-    from corral.grammar.closing.tags import TagCloser
     from corral.grammar.core.matcher import Matcher
+    from corral.grammar.core.runtime import BudgetClose
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -96,10 +95,12 @@ class SamplingParams:
     allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
     `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
     `reasoning_budget`: the think block of a reasoning model is closed after that many tokens.
-    `budget_close`: the closer of what the constraint enforces (a JSON schema's
-    `grammar.shortest.JsonCloser`, or a structural tag's `grammar.tag_close.TagCloser` for tool
-    calls); with it, a constrained output is steered to end complete within `max_tokens`
-    (`engine.budget_close`).
+    `budget_close`: the budget closing of what the constraint enforces
+    (`grammar.core.runtime.BudgetClose`: a JSON schema's `JsonCloser`, or a structural tag's
+    `TagCloser` for tool calls, with the tokenizer whose token bytes it reads; a server's
+    `ConstraintRuntime` keeps one per constraint); with it, a constrained output is steered to
+    end complete within `max_tokens` (`engine.budget_close`). It must be built for the engine's
+    tokenizer (refused otherwise, where the engine knows its fingerprint).
     """
 
     max_tokens: int = 16
@@ -120,7 +121,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     reasoning_budget: ReasoningBudget | None = None
-    budget_close: JsonCloser | TagCloser | None = None
+    budget_close: BudgetClose | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))

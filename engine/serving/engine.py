@@ -58,7 +58,11 @@ from corral.engine.serving.sampler import choice_seeds, read_back
 from corral.engine.serving.scheduler import Schedule, ScheduledSeq, Scheduler
 from corral.engine.serving.stats import collect
 from corral.engine.serving.step_inputs import StepRows, step_inputs
-from corral.engine.serving.validate import validate_constraint, validate_prompt
+from corral.engine.serving.validate import (
+    validate_budget_close,
+    validate_constraint,
+    validate_prompt,
+)
 
 if TYPE_CHECKING:
     from corral.grammar import CompiledConstraint
@@ -139,6 +143,7 @@ class Engine:
             raise RequestError(f"request id {request_id!r} is already in use")
         if constraint is not None:
             validate_constraint(constraint, self.vocab_size, self.tokenizer_fingerprint)
+        validate_budget_close(params, self.tokenizer_fingerprint)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         seqs = self._choices(rid, prompt, params, constraint)
         for seq in seqs:

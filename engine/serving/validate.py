@@ -29,6 +29,21 @@ def validate_prompt(
         )
 
 
+def validate_budget_close(params: SamplingParams, fingerprint: str | None) -> None:
+    """A budget closing built for another tokenizer (`BudgetClose.tokenizer_fingerprint`) is
+    refused, where the engine knows its own tokenizer's fingerprint: its token bytes would
+    spell other text."""
+    close = params.budget_close
+    if close is None or fingerprint is None:
+        return
+    theirs = getattr(close, "tokenizer_fingerprint", None)
+    if theirs != fingerprint:
+        raise RequestError(
+            f"budget_close was built for another tokenizer (fingerprint {str(theirs)[:12]}, "
+            f"this model's is {fingerprint[:12]}); build it for this model's tokenizer"
+        )
+
+
 def validate_constraint(constraint, vocab_size: int, fingerprint: str | None) -> None:
     """A constraint compiled for another tokenizer is refused before it reaches the step.
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -109,8 +108,7 @@ class TokenIndex:
     """A vocabulary's token bytes, indexed for the few tokens that can complete a key."""
 
     def __init__(self, tok: TokenizerInfo) -> None:
-        lt = tok.llguidance
-        self.bytes = [lt.decode_bytes([i]) for i in range(tok.vocab_size)]
+        self.bytes = tok.token_bytes
         quotes = np.array([t.count(b'"') for t in self.bytes])
         #: inside a string (not after a backslash), the characters each token adds before the
         #: quote that closes the string -> those tokens; ``odd``: tokens whose bytes up to that
@@ -134,10 +132,9 @@ class TokenIndex:
         self.three = candidates(np.flatnonzero(quotes >= 3))
 
 
-@lru_cache(maxsize=4)
 def token_index(tok: TokenizerInfo) -> TokenIndex:
-    """Built once per tokenizer (about 0.3 s for 128k tokens)."""
-    return TokenIndex(tok)
+    """Built once per tokenizer (about 0.3 s for 128k tokens) and kept by it."""
+    return tok.derived(TokenIndex)
 
 
 class DistinctKeysMatcher(ScanningMatcher):

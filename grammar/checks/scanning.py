@@ -13,6 +13,7 @@ moves its scan (``_scan``: None when refused), which tokens of a mask can be ref
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ class ScanningMatcher(Matcher):
     __slots__ = ("_inner", "_eos", "_bytes", "_states", "_tokens", "_view")
 
     def __init__(
-        self, inner: Matcher, eos: frozenset[int], token_bytes: list[bytes], start: Any
+        self, inner: Matcher, eos: frozenset[int], token_bytes: Sequence[bytes], start: Any
     ) -> None:
         self._inner, self._eos, self._bytes = inner, eos, token_bytes
         self._states = [start]

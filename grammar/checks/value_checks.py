@@ -14,7 +14,6 @@ items, those that could finish or settle one (:meth:`ValueChecksMatcher._open_ca
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -44,7 +43,7 @@ from corral.grammar.core.tokenizer import TokenizerInfo
 
 
 class _Index(NamedTuple):
-    bytes: list[bytes]
+    bytes: tuple[bytes, ...]  # ``TokenizerInfo.token_bytes``
     digits: np.ndarray  # tokens with a digit
     quoted: np.ndarray  # tokens with a digit and a quote
     keys: TokenIndex  # tokens by the quotes they hold and the text before one (``distinct_keys``)
@@ -58,8 +57,12 @@ class _Index(NamedTuple):
     zero_runs: np.ndarray  # tokens of digits only, the first 0
 
 
-@lru_cache(maxsize=4)
 def _index(tok: TokenizerInfo) -> _Index:
+    """Built once per tokenizer and kept by it (``TokenizerInfo.derived``)."""
+    return tok.derived(_build_index)
+
+
+def _build_index(tok: TokenizerInfo) -> _Index:
     keys = token_index(tok)
     digit = np.array([any(48 <= c <= 57 for c in t) for t in keys.bytes])
     quote = np.array([b'"' in t for t in keys.bytes])

@@ -186,10 +186,9 @@ class PartialJson(CharStream):
         """The innermost value is complete: its enclosing value keeps the branches that one of
         the branches it is valid under came from (should none be, no closing is proposed)."""
         done = self.stack.pop()
-        parent = self.stack[-1]
-        kept = set().union(
-            *(p for b, p in zip(done.schemas, done.parents, strict=True) if holds(done, b))
-        )
+        parent, patterns = self.stack[-1], self.closer.patterns
+        pairs = zip(done.schemas, done.parents, strict=True)
+        kept = set().union(*(p for b, p in pairs if holds(done, b, patterns)))
         if not kept:
             # no branch followed holds the value (the branches were cut at MAX_BRANCHES, or
             # the text is invalid): any closing from here could be wrong, so none is proposed
@@ -337,7 +336,7 @@ class PartialJson(CharStream):
             taken = {*f.keys, *node.get("properties", {})}
             fresh = (typed + s for s in itertools.chain([""], map(str, itertools.count())))
             names.append(next(n for n in fresh if n not in taken))
-        names += pattern_names(node, typed, f.keys)
+        names += pattern_names(node, typed, f.keys, c.patterns)
         best = None
         for name in names:
             value = c.shortest(c.child(node, name))
@@ -358,7 +357,8 @@ class PartialJson(CharStream):
         items ``open_items.canonical``); None when that would repeat one it holds."""
         taken = set(f.held)
         if inner is not None and inner.kind == "string":  # finished as its shortest branch
-            ends = (finish_string(inner, b, f.held) for b in inner.schemas)
+            patterns = self.closer.patterns
+            ends = (finish_string(inner, b, patterns, f.held) for b in inner.schemas)
             found = [e for e in ends if e is not None]
             if found:
                 taken.add(min(found, key=lambda e: len(e[0]))[1])

@@ -7,14 +7,18 @@ under `patternProperties` finishes as the shortest name its pattern allows.
 from __future__ import annotations
 
 from corral.grammar.closing.shortest import JsonCloser, Schema, complete_string
+from corral.grammar.closing.strings import Patterns
 
 
-def pattern_names(node: dict, typed: str, present: tuple[str, ...]) -> list[str]:
+def pattern_names(
+    node: dict, typed: str, present: tuple[str, ...], patterns: Patterns
+) -> list[str]:
     """Names a `patternProperties` key begun as `typed` may be finished as (the shortest for
-    each pattern), where the object does not hold them yet."""
+    each pattern, read through the closer's `patterns`), where the object does not hold them
+    yet."""
     out = []
     for pattern in node.get("patternProperties", {}):
-        rest = complete_string({"type": "string", "pattern": pattern}, typed)
+        rest = complete_string({"type": "string", "pattern": pattern}, typed, patterns)
         if rest is not None and typed + rest not in present:
             out.append(typed + rest)
     return out
@@ -47,7 +51,7 @@ def cheapest_member(c: JsonCloser, node: Schema, present: tuple[str, ...]):
     names, undeclared = next_names(node, present)
     if undeclared and "" not in present and "" not in node.get("properties", {}):
         names.append("")
-    names += pattern_names(node, "", present)
+    names += pattern_names(node, "", present, c.patterns)
     options = [(n, c.shortest(c.child(node, n))) for n in names]
     options = [(n, v) for n, v in options if v is not None]
     best = min(options, key=lambda o: len(c.dumps(o[0])) + len(o[1]), default=None)

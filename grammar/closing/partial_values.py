@@ -25,6 +25,7 @@ from corral.grammar.closing.shortest import (
     number_ok,
     search_pattern,
 )
+from corral.grammar.closing.strings import Patterns
 
 LITERALS = ("true", "false", "null")
 HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")  # the escape of a high surrogate
@@ -60,7 +61,7 @@ def finish_leaf(
     string is not finished as one of `held` (an item its array already holds, where items
     must not repeat: such items are open strings, so appending keeps them valid)."""
     if f.kind == "string":
-        finished = finish_string(f, node, held)
+        finished = finish_string(f, node, closer.patterns, held)
         return None if finished is None else finished[0]
     if f.kind == "scalar":
         for lit in LITERALS:
@@ -85,9 +86,12 @@ def finish_leaf(
     return None
 
 
-def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[str, str] | None:
-    """The rest of open string `f` (closing quote included) under `node`, and the string it
-    makes (not one of `held`); None when there is none."""
+def finish_string(
+    f: Frame, node: Schema, patterns: Patterns, held: tuple[str, ...] = ()
+) -> tuple[str, str] | None:
+    """The rest of open string `f` (closing quote included) under `node` (its `pattern` read
+    through the closer's `patterns`), and the string it makes (not one of `held`); None when
+    there is none."""
     if isinstance(node, dict) and ("const" in node or "enum" in node):
         return _finish_listed(f, listed_values(node), held)  # type: ignore[arg-type]
     head, text = "", f.text
@@ -98,7 +102,7 @@ def finish_string(f: Frame, node: Schema, held: tuple[str, ...] = ()) -> tuple[s
         text += json.loads('"' + f.escape + head + '"')
     if not isinstance(node, dict):
         return None if node is False else (head + '"', text)
-    rest = complete_string(node, text)
+    rest = complete_string(node, text, patterns)
     if rest is None:
         return None
     if text + rest in held:
@@ -135,7 +139,7 @@ def _finish_listed(f: Frame, values: list, held: tuple[str, ...]) -> tuple[str, 
     return best
 
 
-def holds(f: Frame, node: Schema) -> bool:
+def holds(f: Frame, node: Schema, patterns: Patterns) -> bool:
     """Whether the complete value of frame `f` may be valid under branch `node` (its type was
     checked when it opened; keywords not looked at here count as satisfied)."""
     if not isinstance(node, dict):
@@ -152,7 +156,7 @@ def holds(f: Frame, node: Schema) -> bool:
             return False
         if "pattern" in node:  # the judge's own reading (the closer's schema is its dialect)
             return search_pattern(node["pattern"], f.text)
-        return complete_string(node, f.text) in (None, "")
+        return complete_string(node, f.text, patterns) in (None, "")
     n = len(f.keys) if f.kind == "object" else f.count
     if f.kind == "object" and not set(node.get("required", ())) <= set(f.keys):
         return False

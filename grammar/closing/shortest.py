@@ -9,11 +9,23 @@ separators; properties come in the order the grammar writes them (declared order
 a proposal the caller verifies against the real matcher (a schema shape this module does not
 model yields None or a completion the matcher refuses, never a silent "valid"):
 `engine.budget_close` runs it through the matcher before relying on it.
+
+Sharing. A closer is built once per constraint and shared: by the request threads that prepare
+it and by the engine's thread, whose sequences' parsers ask it at every step. What it answers is
+memoised as it is asked (by node identity), so the memo is its state: every memo is written
+under the closer's lock, each entry only once and only complete, and a complete entry is read
+without the lock. A node being worked out (a recursive `$ref`) is marked busy under that lock,
+so another thread never mistakes it for a recursion of its own: a closer asked from several
+threads answers as one thread asking the same questions, in the order they took the lock, would.
+(Where a schema recurses, a node's answer may depend on what was asked first; the constraint
+runtime asks for the root's shortest instance before it shares a closer.) Its string automata
+are its `strings.Patterns`, under their own lock.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,6 +42,7 @@ from corral.grammar.closing.numbers import (  # noqa: F401 - re-exported
 )
 from corral.grammar.closing.strings import (  # noqa: F401 - re-exported
     MAX_FILL,
+    Patterns,
     complete_string,
     fresh_suffix,
     search_pattern,
@@ -38,19 +51,24 @@ from corral.grammar.closing.strings import (  # noqa: F401 - re-exported
 
 Schema = dict | bool
 _ANY: dict = {}  # the schema `true`: shared, never mutated
+_UNKNOWN = object()  # not in a memo yet
 _APPLICATORS = frozenset(("allOf", "anyOf", "oneOf"))
 #: The most alternatives one schema node is expanded into (`allOf` of `anyOf`s multiply).
 MAX_BRANCHES = 64
 
 
 class JsonCloser:
-    """Shortest instances and completions for one schema. Immutable once built; share it."""
+    """Shortest instances and completions for one schema. Its schema and separators never
+    change; its memos grow under its lock (see the module's "Sharing"): share it freely."""
 
     def __init__(self, schema: Schema, item_separator: str = ",", key_separator: str = ":"):
         self.root = schema
         self.comma, self.colon = item_separator, key_separator
+        self.patterns = Patterns()  # the automata of its `pattern`s
+        # Reentrant: a node's shortest instance asks for its children's.
+        self._lock = threading.RLock()
         self._memo: dict[int, str | None] = {}
-        self._busy: set[int] = set()
+        self._busy: set[int] = set()  # nodes being worked out, by the thread holding the lock
         # id(node) -> (node, result): the node is kept alive, so its id is never reused and
         # every schema a frame holds stays one object (the closing cache keys on their ids)
         self._resolved: dict[int, tuple[Schema, Schema]] = {}
@@ -69,10 +87,15 @@ class JsonCloser:
     # ---- schema navigation -------------------------------------------------------------------
 
     def resolve(self, node: Schema) -> Schema:
-        """`node` with a local `$ref` followed (its siblings kept as an `allOf` beside it)."""
-        if id(node) not in self._resolved:
-            self._resolved[id(node)] = (node, self._resolve(node))
-        return self._resolved[id(node)][1]
+        """`node` with a local `$ref` followed (its siblings kept as an `allOf` beside it);
+        the same object every time it is asked, whatever the thread."""
+        found = self._resolved.get(id(node))
+        if found is None:
+            with self._lock:
+                found = self._resolved.get(id(node))
+                if found is None:
+                    found = self._resolved[id(node)] = (node, self._resolve(node))
+        return found[1]
 
     def _resolve(self, node: Schema) -> Schema:
         for _ in range(64):
@@ -88,10 +111,15 @@ class JsonCloser:
 
     def branches(self, node: Schema) -> list[Schema]:
         """The alternatives `node` stands for, each a plain schema (no `allOf` / `anyOf` /
-        `oneOf` at its top; true as {}): the disjunctive normal form, `allOf` parts merged."""
-        if id(node) not in self._branches:
-            self._branches[id(node)] = (node, self._flatten(node))
-        return self._branches[id(node)][1]
+        `oneOf` at its top; true as {}): the disjunctive normal form, `allOf` parts merged;
+        the same list every time it is asked (never change it)."""
+        found = self._branches.get(id(node))
+        if found is None:
+            with self._lock:
+                found = self._branches.get(id(node))
+                if found is None:
+                    found = self._branches[id(node)] = (node, self._flatten(node))
+        return found[1]
 
     def _flatten(self, node: Schema) -> list[Schema]:
         node = self.resolve(node)
@@ -138,18 +166,23 @@ class JsonCloser:
     def shortest(self, node: Schema) -> str | None:
         """The shortest valid instance of `node` as compact text, or None (none found)."""
         key = id(node)
-        if key in self._memo:
-            return self._memo[key]
-        if key in self._busy:
-            return None  # a recursive reference: no finite instance along this path
-        self._busy.add(key)
-        try:
-            alts = [self._shortest_one(b) for b in self.branches(node)]
-        finally:
-            self._busy.discard(key)
-        best = min((a for a in alts if a is not None), key=len, default=None)
-        self._memo[key] = best
-        return best
+        found = self._memo.get(key, _UNKNOWN)
+        if found is not _UNKNOWN:
+            return found  # type: ignore[return-value]
+        with self._lock:
+            found = self._memo.get(key, _UNKNOWN)
+            if found is not _UNKNOWN:
+                return found  # type: ignore[return-value]
+            if key in self._busy:
+                return None  # a recursive reference: no finite instance along this path
+            self._busy.add(key)
+            try:
+                alts = [self._shortest_one(b) for b in self.branches(node)]
+            finally:
+                self._busy.discard(key)
+            best = min((a for a in alts if a is not None), key=len, default=None)
+            self._memo[key] = best
+            return best
 
     def _shortest_one(self, node: Schema) -> str | None:
         if node is True or node == {}:
@@ -174,7 +207,7 @@ class JsonCloser:
             value = smallest_number(node, kind == "integer")
             return None if value is None else json.dumps(value)
         if kind == "string":
-            text = shortest_string(node)
+            text = shortest_string(node, self.patterns)
             return None if text is None else self.dumps(text)
         if kind == "array":
             if node.get("minItems", 0) > MAX_FILL:
@@ -285,7 +318,7 @@ class JsonCloser:
         keys), then the shortest keys of each pattern, then other keys; None: not enough."""
         names = [n for n in node.get("properties", {}) if n not in seen]
         for pattern in node.get("patternProperties", {}):
-            first = shortest_string({"type": "string", "pattern": pattern})
+            first = shortest_string({"type": "string", "pattern": pattern}, self.patterns)
             if first is not None:
                 names += [first, *(first + str(k) for k in range(need + len(seen) + 1))]
         if node.get("additionalProperties", True) is not False:

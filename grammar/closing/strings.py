@@ -3,11 +3,16 @@
 The shortest suffix that makes a string valid under `minLength`, `pattern` (through an
 interegular automaton of the Python pattern) or a checked `format` (by a fixed example), and
 the judge's own test of a pattern.
+
+The automata are state: a `Patterns` holds them, one per `JsonCloser` (which shares it with the
+parsers that close under it), never a module global. It is guarded by its own lock, so the
+closer may be shared by request threads and the engine's thread.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import interegular
@@ -18,6 +23,8 @@ from corral.grammar.regex.algebra import regular
 #: `minItems` asks for). A schema that asks for more (`minLength: 10**9` is valid) has no
 #: closing here: budget closing stays off for it and says why, rather than build the filler.
 MAX_FILL = 4096
+#: The most pattern automata one closer keeps (a schema with more builds the rest per call).
+MAX_DFAS = 512
 _FORMATS = {
     "date": "2000-01-01",
     "time": "00:00:00Z",
@@ -33,13 +40,14 @@ _FORMATS = {
 }
 
 
-def complete_string(node: dict, text: str) -> str | None:
-    """The shortest suffix making `text` a valid string under `node` (type string)."""
+def complete_string(node: dict, text: str, patterns: Patterns) -> str | None:
+    """The shortest suffix making `text` a valid string under `node` (type string); a
+    `pattern` is read through `patterns` (the closer's automata)."""
     need = max(0, node.get("minLength", 0) - len(text))
     if need > MAX_FILL:
         return None
     if "pattern" in node:
-        return _regex_completion(node["pattern"], text, node.get("minLength", 0))
+        return patterns.complete(node["pattern"], text, node.get("minLength", 0))
     if "format" in node:
         example = _FORMATS.get(node["format"])
         if example is None or not example.startswith(text) or len(example) < len(text) + need:
@@ -48,34 +56,57 @@ def complete_string(node: dict, text: str) -> str | None:
     return "a" * need
 
 
-def shortest_string(node: dict) -> str | None:
+def shortest_string(node: dict, patterns: Patterns) -> str | None:
     """The shortest string valid under `node`'s string keywords."""
-    return complete_string(node, "")
+    return complete_string(node, "", patterns)
 
 
-def _regex_completion(pattern: str, text: str, min_length: int) -> str | None:
-    """Shortest suffix s with `text + s` matching `pattern` as `re.search` does (a side
-    without its anchor takes any text there) and at least `min_length` characters long; None
-    where the regex cannot be analysed."""
-    start = pattern.startswith("^")
-    end = pattern.endswith("$") and not pattern.endswith("\\$")
-    body = pattern[int(start) : len(pattern) - int(end)]
-    body = body if start else f"(?:.|\\n)*(?:{body})"
-    body = body if end else f"(?:{body})(?:.|\\n)*"
-    try:
-        dfa = _dfa(_spelt_escapes(body))
-    except Exception:  # interegular refuses some syntax (look-arounds, `$` inside): the same
-        written = regular(pattern) or regular(pattern, narrow_ends=True)  # language, or the
-        if written is None or written.empty or written.python == pattern:  # backend's part
-            return None
-        plain = "^" + written.python.removeprefix("\\A").removesuffix("\\Z") + "$"
-        return _regex_completion(plain, text, min_length)
-    state = dfa.start
-    for ch in text:
-        state = dfa.step(state, ch)
-        if state is None:
-            return None
-    return dfa.shortest_from(state, max(0, min_length - len(text)))
+class Patterns:
+    """The automata of the patterns one closer completes strings under, each built on first
+    use (milliseconds) and kept with its memo of shortest suffixes: at most `max_dfas` of
+    them (past that, one is built for the call and not kept). Thread-safe: one lock around
+    the table and every walk of an automaton (its memo grows as it is asked)."""
+
+    def __init__(self, max_dfas: int = MAX_DFAS) -> None:
+        self._max = max_dfas
+        self._lock = threading.Lock()
+        self._dfas: dict[str, _Dfa] = {}
+
+    def complete(self, pattern: str, text: str, min_length: int) -> str | None:
+        """Shortest suffix s with `text + s` matching `pattern` as `re.search` does (a side
+        without its anchor takes any text there) and at least `min_length` characters long;
+        None where the regex cannot be analysed."""
+        with self._lock:
+            return self._complete(pattern, text, min_length)
+
+    def _complete(self, pattern: str, text: str, min_length: int) -> str | None:
+        start = pattern.startswith("^")
+        end = pattern.endswith("$") and not pattern.endswith("\\$")
+        body = pattern[int(start) : len(pattern) - int(end)]
+        body = body if start else f"(?:.|\\n)*(?:{body})"
+        body = body if end else f"(?:{body})(?:.|\\n)*"
+        try:
+            dfa = self._dfa(_spelt_escapes(body))
+        except Exception:  # interegular refuses some syntax (look-arounds, `$` inside): the
+            written = regular(pattern) or regular(pattern, narrow_ends=True)  # same language,
+            if written is None or written.empty or written.python == pattern:  # or the
+                return None  # backend's part of it
+            plain = "^" + written.python.removeprefix("\\A").removesuffix("\\Z") + "$"
+            return self._complete(plain, text, min_length)
+        state = dfa.start
+        for ch in text:
+            state = dfa.step(state, ch)
+            if state is None:
+                return None
+        return dfa.shortest_from(state, max(0, min_length - len(text)))
+
+    def _dfa(self, pattern: str) -> _Dfa:
+        found = self._dfas.get(pattern)
+        if found is None:
+            found = _Dfa(pattern)
+            if len(self._dfas) < self._max:
+                self._dfas[pattern] = found
+        return found
 
 
 _SPECIAL = frozenset("\\^$.|?*+()[]{}-/")
@@ -94,7 +125,8 @@ def _spelt_escapes(pattern: str) -> str:
 
 class _Dfa:
     """An interegular FSM with one printable character per transition class and memoized
-    shortest suffixes (a string's completion is asked for at every step while it is open)."""
+    shortest suffixes (a string's completion is asked for at every step while it is open).
+    Walked only under its `Patterns`' lock."""
 
     def __init__(self, pattern: str) -> None:
         fsm = interegular.parse_pattern(pattern).to_fsm()
@@ -127,18 +159,6 @@ class _Dfa:
                         queue.append(key)
             self._memo[(state, need)] = found
         return self._memo[(state, need)]
-
-
-_DFAS: dict[str, _Dfa] = {}
-_MAX_DFAS = 512
-
-
-def _dfa(pattern: str) -> _Dfa:
-    if pattern not in _DFAS:
-        if len(_DFAS) >= _MAX_DFAS:
-            _DFAS.clear()  # a bound, not an LRU: rebuilding one costs milliseconds
-        _DFAS[pattern] = _Dfa(pattern)
-    return _DFAS[pattern]
 
 
 def search_pattern(pattern: str, text: str) -> bool:

@@ -1,17 +1,26 @@
-"""A tokenizer view shared by both grammar backends, with a stable fingerprint."""
+"""A tokenizer view shared by both grammar backends, with a stable fingerprint.
+
+``TokenizerInfo`` owns what is derived from one tokenizer: the backends' tokenizer objects, the
+bytes of every token (:attr:`TokenizerInfo.token_bytes`, the one place a token's bytes come
+from) and the indexes built over them (:meth:`TokenizerInfo.derived`). Each is built once, under
+the tokenizer's own lock, and is complete before any thread sees it; nothing about a tokenizer
+is kept in a module global.
+"""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tokenizers
 from transformers import PreTrainedTokenizerFast
+
+T = TypeVar("T")
 
 
 class TokenizerInfo:
@@ -19,8 +28,9 @@ class TokenizerInfo:
 
     ``vocab_size`` is the *model's* vocabulary (the logits width); it may exceed the tokenizer's,
     and ids past the tokenizer's vocabulary are never allowed by a mask. ``eos_token_ids`` are the
-    tokens that end a constrained generation. The backends' own tokenizer objects are built once,
-    lazily, and shared by every constraint compiled for this tokenizer.
+    tokens that end a constrained generation. The backends' own tokenizer objects, the token
+    bytes and the indexes over them are built once, lazily, and shared by every constraint
+    compiled for this tokenizer (and every thread using it).
     """
 
     def __init__(
@@ -49,7 +59,8 @@ class TokenizerInfo:
         self.eos_token_ids: tuple[int, ...] = tuple(int(t) for t in eos_token_ids)
         if not self.eos_token_ids:
             raise ValueError("a constrained tokenizer needs at least one EOS token id")
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # builds may nest (token_bytes needs llguidance)
+        self._built: dict[Any, Any] = {}
 
     @classmethod
     def from_hf(
@@ -87,24 +98,58 @@ class TokenizerInfo:
     def encode(self, text: str) -> list[int]:
         return self.hf_tokenizer.encode(text, add_special_tokens=False)
 
+    # What is built from the tokenizer is built once, under its lock, and stored complete.
+
+    def derived(self, build: Callable[[TokenizerInfo], T]) -> T:
+        """``build(self)``, built on first use and kept for this tokenizer's life: an index over
+        its tokens (``distinct_keys.TokenIndex``, ``budget_close``'s token tables). ``build``
+        is the key, so pass a module-level function; it runs once, whatever the threads."""
+        return self._once(build, lambda: build(self))
+
+    def _once(self, key: Any, build: Callable[[], T]) -> T:
+        found = self._built.get(key, _MISSING)  # a stored value is complete: no lock to read
+        if found is _MISSING:
+            with self._lock:
+                found = self._built.get(key, _MISSING)
+                if found is _MISSING:
+                    found = self._built[key] = build()
+        return found
+
+    @property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """The bytes of every token id below ``vocab_size``, exactly as the grammar backends
+        match them (llguidance's ``decode_bytes``: byte-level BPE, byte fallback and added
+        tokens alike; ids past the tokenizer's vocabulary are empty). The one way to get a
+        token's bytes: the masks' scans and budget closing read this table."""
+        return self._once("token_bytes", self._token_bytes)
+
+    def _token_bytes(self) -> tuple[bytes, ...]:
+        decode = self.llguidance.decode_bytes
+        return tuple(decode([i]) for i in range(self.vocab_size))
+
     # The backend objects are expensive (about a second each) and shared: build each once.
 
-    @cached_property
+    @property
     def llguidance(self) -> Any:
+        return self._once("llguidance", self._llguidance)
+
+    def _llguidance(self) -> Any:
         import llguidance
 
-        with self._lock:
-            return llguidance.LLTokenizer(
-                self.tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids)
-            )
+        return llguidance.LLTokenizer(
+            self.tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids)
+        )
 
-    @cached_property
+    @property
     def xgrammar(self) -> Any:
+        return self._once("xgrammar", self._xgrammar)
+
+    def _xgrammar(self) -> Any:
         import xgrammar
 
-        with self._lock:
-            return xgrammar.TokenizerInfo.from_huggingface(
-                self.hf_tokenizer,
-                vocab_size=self.vocab_size,
-                stop_token_ids=list(self.eos_token_ids),
-            )
+        return xgrammar.TokenizerInfo.from_huggingface(
+            self.hf_tokenizer, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids)
+        )
+
+
+_MISSING = object()

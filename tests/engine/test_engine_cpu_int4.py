@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from test_engine_quant import random_blocks, rel_err
 
-from corral.engine import cpu_int4, cpu_kernels
+from corral.engine.kernels import cpu_int4, cpu_kernels
 from corral.engine.kernels.quant import GROUP, int4_from_dense, int4_from_gguf, int4_linear
 
 RTOL = 4e-3  # bfloat16 output rounding (2^-9 relative per element), measured 2.3-2.5e-3

@@ -191,7 +191,7 @@ PATTERN_BRANCHES = {
 def test_a_closing_never_follows_a_branch_the_text_has_ruled_out(schema, text):
     closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
     judge = Draft202012Validator(schema)
-    partial = closer.start()
+    partial = PartialJson.empty(closer)
     for i, ch in enumerate(text):
         partial.feed(ch)
         found = partial.closing()

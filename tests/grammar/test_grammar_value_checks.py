@@ -22,6 +22,7 @@ from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 from corral.grammar.checks.value_checks import ValueChecksMatcher
 from corral.grammar.checks.value_scan import MAX_DIGITS, alive, is_fraction
 from corral.grammar.checks.value_sites import FRACTION, value_sites
+from corral.grammar.closing.partial_json import PartialJson
 from corral.grammar.closing.shortest import JsonCloser
 from corral.grammar.core.compiled import CompiledConstraint
 from corral.grammar.core.compiler import checked_marks
@@ -190,7 +191,7 @@ def test_budget_closing_finishes_a_fraction():
     shortest = closer.shortest(closer.root)
     assert Draft202012Validator(OBJECT).is_valid(json.loads(shortest)), shortest
     for prefix in ('{"a":', '{"a":5', '{"a":5.', '{"a":-', '{"a":5.0'):
-        partial = closer.start()
+        partial = PartialJson.empty(closer)
         partial.feed(prefix)
         found = partial.closing()
         assert found is not None, prefix
