@@ -12,7 +12,6 @@ drive a real matcher into llguidance's error state. Overrides win over raised li
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -125,7 +124,6 @@ def effective_limits(raised: Mapping[str, int] | None = None) -> dict[str, int]:
     return out
 
 
-@functools.lru_cache(maxsize=8)
 def _overrides(text: str) -> dict[str, int]:
     if not text.strip():
         return {}

@@ -18,7 +18,6 @@ longer generation reaches are not seen: the engine handles those with ``Matcher.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,24 +103,20 @@ def _choose(mask: np.ndarray, tok: TokenizerInfo) -> int | None:
     return None
 
 
-_byte_token_cache: dict[str, tuple[int, ...]] = {}
-_cache_lock = threading.Lock()
-
-
 def _byte_tokens(tok: TokenizerInfo) -> tuple[int, ...]:
-    """The tokens that are exactly one of PREFERRED's bytes, in PREFERRED's order."""
-    found = _byte_token_cache.get(tok.fingerprint)
-    if found is None:
-        ll = tok.llguidance
-        out = []
-        for b in PREFERRED:
-            ids = ll.tokenize_bytes(bytes([b]))
-            if len(ids) == 1 and ll.decode_bytes(ids) == bytes([b]):
-                out.append(ids[0])
-        found = tuple(out)
-        with _cache_lock:
-            _byte_token_cache[tok.fingerprint] = found
-    return found
+    """The tokens that are exactly one of PREFERRED's bytes, in PREFERRED's order (built once
+    per tokenizer and kept by it, ``TokenizerInfo.derived``)."""
+    return tok.derived(_find_byte_tokens)
+
+
+def _find_byte_tokens(tok: TokenizerInfo) -> tuple[int, ...]:
+    ll = tok.llguidance
+    out = []
+    for b in PREFERRED:
+        ids = ll.tokenize_bytes(bytes([b]))
+        if len(ids) == 1 and ll.decode_bytes(ids) == bytes([b]):
+            out.append(ids[0])
+    return tuple(out)
 
 
 def _failure(matcher: Any, chosen: bool) -> ProbeFailure:

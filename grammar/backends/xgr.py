@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import threading
 from typing import Any
 
 import torch
@@ -15,18 +14,15 @@ from corral.grammar.core.tokenizer import TokenizerInfo
 NAME = "xgrammar"
 VERSION = importlib.metadata.version("xgrammar")
 
-_compilers: dict[str, Any] = {}
-_compilers_lock = threading.Lock()
+
+def _new_compiler(tok: TokenizerInfo) -> Any:
+    return xgrammar.GrammarCompiler(tok.xgrammar, max_threads=1, cache_enabled=False)
 
 
 def compiler_for(tok: TokenizerInfo) -> Any:
-    """One GrammarCompiler per tokenizer; its own cache is off (Corral caches compiled forms)."""
-    with _compilers_lock:
-        c = _compilers.get(tok.fingerprint)
-        if c is None:
-            c = xgrammar.GrammarCompiler(tok.xgrammar, max_threads=1, cache_enabled=False)
-            _compilers[tok.fingerprint] = c
-        return c
+    """The tokenizer's one GrammarCompiler (kept by the tokenizer, ``TokenizerInfo.derived``);
+    its own cache is off (Corral caches compiled forms)."""
+    return tok.derived(_new_compiler)
 
 
 def compile_ebnf(grammar: str, tok: TokenizerInfo) -> Any:
