@@ -24,8 +24,9 @@ import torch
 
 from bench.provenance import header
 from corral.api.config import ServerConfig
-from corral.engine import Engine, SamplingParams, cpu_kernels, load_model
+from corral.engine import Engine, SamplingParams, load_model
 from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kernels import cpu_kernels
 from corral.engine.serving.config import available_cores
 
 SIDES = {"ours": "1", "torch": "0"}  # CORRAL_CPU_KERNELS for each side

@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from engine_helpers import chat, make_engine
 from test_engine_gguf_quantized import TIE
 
-from corral.engine import SamplingParams, cpu_int4, cpu_kernels
+from corral.engine import SamplingParams
 from corral.engine.execution.attention import TorchAttention
 from corral.engine.execution.model import apply_rope, rope_cos_sin, rope_inv_freq
 from corral.engine.execution.model_config import RopeConfig
+from corral.engine.kernels import cpu_int4, cpu_kernels
 from corral.engine.kvcache.kv_pool import KVPool
 from corral.engine.loading.assets import load_model
 

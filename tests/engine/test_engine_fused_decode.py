@@ -12,8 +12,9 @@ from engine_helpers import chat, make_engine
 from gguf import GGMLQuantizationType as QT
 from gguf_factory import write_random_llama_gguf
 
-from corral.engine import SamplingParams, cpu_int4, cpu_kernels, fused_decode
+from corral.engine import SamplingParams
 from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kernels import cpu_int4, cpu_kernels, fused_decode
 from corral.engine.kernels.fused_decode import FusedDecode
 from corral.engine.loading.assets import default_gguf_path, load_model
 
