@@ -9,7 +9,6 @@ Expected outputs come from another run of the same engine without the condition 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -129,18 +128,24 @@ def test_step_draft_allowance_caps_draft_tokens():
 
 
 class SlowOnce:
-    """A real matcher whose `nth` fill on a mask worker thread sleeps first: fault injection
-    through the engine's real fill path (everything else is the wrapped matcher's)."""
+    """A real matcher whose `nth` fill on a mask worker thread blocks until the test releases
+    it: fault injection through the engine's real fill path (everything else is the wrapped
+    matcher's). A step that waited for it would only return once the fill gave up after
+    `timeout` seconds, so no timing of the machine enters the test."""
 
-    def __init__(self, inner, nth: int, seconds: float) -> None:
-        self._inner, self._nth, self._seconds = inner, nth, seconds
+    def __init__(self, inner, nth: int, timeout: float = 60.0) -> None:
+        self._inner, self._nth, self._timeout = inner, nth, timeout
         self.fills = 0
+        self.blocked = threading.Event()  # the slow fill has begun
+        self.release = threading.Event()  # set by the test
+        self.released = None  # whether the test released it (False: it gave up waiting)
 
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> bool:
         if threading.current_thread().name.startswith("corral-mask"):
             self.fills += 1
             if self.fills == self._nth:
-                time.sleep(self._seconds)
+                self.blocked.set()
+                self.released = self.release.wait(self._timeout)
         return self._inner.fill_mask(bitmask, row)
 
     def native_cursor(self) -> None:
@@ -161,16 +166,19 @@ def test_a_slow_mask_defers_only_its_own_row(tiny_model, city, jump_forward, ove
     eng = make_engine(tiny_model, **settings)
     rids = [eng.add_request(p, GREEDY, c) for p, c in zip(prompts, constraints, strict=True)]
     slow = next(s for s in eng.live_sequences() if s.request_id == rids[0])
-    slow.matcher = SlowOnce(slow.matcher, nth=3, seconds=0.3)
+    slow.matcher = SlowOnce(slow.matcher, nth=3)
     results: dict[str, list[int]] = {r: [] for r in rids}
-    longest = 0.0
+    deferred_while_blocked = False  # a step returned, its row deferred, the fill still blocked
     while eng.has_unfinished():
-        started = time.perf_counter()
         for out in eng.step():
             results[out.request_id] += out.token_ids
-        longest = max(longest, time.perf_counter() - started)
+        blocked = slow.matcher.blocked.is_set() and not slow.matcher.release.is_set()
+        if blocked and slow.mask_deferrals:
+            deferred_while_blocked = True
+            slow.matcher.release.set()
     assert slow.matcher.fills >= 3  # the slow fill happened
-    assert longest < 0.25, "a step waited for the slow mask"
+    assert slow.matcher.released is True, "a step waited for the slow mask"
+    assert deferred_while_blocked
     assert slow.mask_deferrals == 1  # after the late fill, its masks were ready next step
     assert eng.counters["mask_deferrals"] == 1  # nobody else sat out
     for rid, want in zip(rids, expected, strict=True):
