@@ -170,7 +170,7 @@ def byte_tokenizer() -> TokenizerInfo:
     from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: b for b, ch in _byte_chars().items()}
+    vocab = {ch: b for b, ch in byte_chars().items()}
     vocab["<eos>"] = 256
     tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -180,7 +180,7 @@ def byte_tokenizer() -> TokenizerInfo:
     return TokenizerInfo.from_hf(hf)
 
 
-def _byte_chars() -> dict[int, str]:
+def byte_chars() -> dict[int, str]:
     """The byte-level BPE alphabet: printable bytes stand for themselves, the rest are moved
     past U+0100 in byte order (the convention GPT-2-style tokenizer.json files use)."""
     keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
@@ -249,3 +249,18 @@ def assert_closings_valid(
         assert accepts(compiled.matcher(), tok.encode(full), bitmask), full
         found_n += 1
     return found_n
+
+
+def merged_properties(where: str, holder_first: bool) -> dict:
+    """An object whose properties come from itself and from ``where``, its own `properties`
+    written before or after that keyword."""
+    own = {"ast": {"enum": ["B", "S"]}, "type": {"enum": ["R", "W"]}}
+    branch = {"properties": {"type": {"const": "R"}, "data": {"type": "integer"}}}
+    merged: dict = {
+        "anyOf": {"anyOf": [branch, {"properties": {"type": {"const": "W"}}}]},
+        "allOf": {"allOf": [branch]},
+        "$ref": {"$ref": "#/$defs/branch"},
+    }[where]
+    parts = [{"properties": own}, merged] if holder_first else [merged, {"properties": own}]
+    schema = {"type": "object", "required": ["ast", "type"], **parts[0], **parts[1]}
+    return {"$defs": {"branch": branch}, **schema} if where == "$ref" else schema

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import xgrammar
+from grammar_walkers import merged_properties
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintSpec, compile_constraint
@@ -200,21 +201,6 @@ def test_llguidance_1_9_1_declared_properties_in_order(llama3_tokenizer):
     )
 
 
-def _merged(where: str, holder_first: bool) -> dict:
-    """An object whose properties come from itself and from ``where``, its own `properties`
-    written before or after that keyword."""
-    own = {"ast": {"enum": ["B", "S"]}, "type": {"enum": ["R", "W"]}}
-    branch = {"properties": {"type": {"const": "R"}, "data": {"type": "integer"}}}
-    merged: dict = {
-        "anyOf": {"anyOf": [branch, {"properties": {"type": {"const": "W"}}}]},
-        "allOf": {"allOf": [branch]},
-        "$ref": {"$ref": "#/$defs/branch"},
-    }[where]
-    parts = [{"properties": own}, merged] if holder_first else [merged, {"properties": own}]
-    schema = {"type": "object", "required": ["ast", "type"], **parts[0], **parts[1]}
-    return {"$defs": {"branch": branch}, **schema} if where == "$ref" else schema
-
-
 @pytest.mark.parametrize("where", ["allOf", "anyOf", "$ref"])
 def test_llguidance_1_9_1_merged_properties_in_keyword_order(where, llama3_tokenizer):
     """llguidance 1.9.1: properties merged from allOf/anyOf/$ref are laid out in the order the
@@ -232,7 +218,7 @@ def test_llguidance_1_9_1_merged_properties_in_keyword_order(where, llama3_token
         (True, (own_first, merged_first)),
         (False, (merged_first, own_first)),
     ):
-        grammar = schema_grammar(_merged(where, holder_first))
+        grammar = schema_grammar(merged_properties(where, holder_first))
         assert backend_accepts(grammar, laid_out, tok), f"{where}: {quirk.note()}"
         assert not backend_accepts(grammar, other, tok), f"{where}: {quirk.note()}"
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from budget_schemas import AREA, TAGGED
-from grammar_walkers import byte_tokenizer
+from grammar_walkers import byte_chars, byte_tokenizer
 
 from corral.api.tool_formats import FORMATS
 from corral.api.tools import TOOL_JSON_FORMAT
@@ -213,7 +213,7 @@ def test_token_bytes_agree_with_byte_level_pieces_and_are_exact_for_other_vocabu
     ``▁hi`` is " hi" (decoded alone it loses its space), ``<0xE9>`` is the byte 0xE9 (its
     piece is ASCII, read as the text "<0xE9>"), and the token of the byte 0xE9 is found."""
     base = byte_tokenizer()
-    alphabet = {ch: b for b, ch in _byte_chars().items()}
+    alphabet = {ch: b for b, ch in byte_chars().items()}
     for t in range(255):  # 0xFF, never in UTF-8 text, marks a special token for llguidance
         piece = base.hf_tokenizer.convert_ids_to_tokens(t)
         assert base.token_bytes[t] == bytes(alphabet[ch] for ch in piece)
@@ -272,15 +272,3 @@ def test_a_tokenizer_builds_what_is_derived_from_it_once(fast_switching):
         got = list(pool.map(lambda _: tok.derived(build), range(32)))
     assert len(built) == 1 and all(g is got[0] for g in got)
     assert byte_tokenizer().derived(build) is not got[0]  # another tokenizer: its own
-
-
-def _byte_chars() -> dict[int, str]:
-    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
-    out, moved = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(0x100 + moved)
-            moved += 1
-    return out
