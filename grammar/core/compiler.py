@@ -37,6 +37,7 @@ from corral.grammar.core.reasoning import after_reasoning
 from corral.grammar.core.spec import ConstraintKind, ConstraintSpec
 from corral.grammar.core.structural_tag import structural_tag_lark
 from corral.grammar.core.tokenizer import TokenizerInfo
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.regex.translate import literal_regex, translate_regex
 from corral.grammar.schema.analysis import SchemaPlan, analyze_schema
 from corral.grammar.schema.order import backend_layout
@@ -60,16 +61,18 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     raised: dict[str, int] = {}
     distinct_keys = False
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
+        algebra = RegexAlgebra()  # the regex memos of this compile
         plan = analyze_schema(
             spec.schema(),
             lenient=not spec.strict,
             source=spec.source or None,
             check_keys=spec.reasoning is None,
+            algebra=algebra,
         )
         schema, distinct_keys, rewrites = plan.schema, plan.distinct_keys, plan.rewrites
         if spec.reasoning is None:
             sources = dict(plan.regex_sources)
-            schema, distinct_keys, freed = backend_layout(schema, distinct_keys, sources)
+            schema, distinct_keys, freed = backend_layout(schema, distinct_keys, sources, algebra)
             rewrites += _any_order(plan, freed)
         json_alone = spec.reasoning is None
         lost = checked_marks(schema, spec.strict, json_alone)
