@@ -44,6 +44,14 @@ from corral.grammar.schema.order import backend_layout
 from corral.grammar.schema.rewrite_log import ANY_ORDER, VALUE_CHECKS, Rewritten
 
 
+def regex_algebra(tok: TokenizerInfo) -> RegexAlgebra:
+    """The regex memos the compiles for ``tok`` share (``TokenizerInfo.derived`` keeps one per
+    tokenizer: the long-lived object every compile has). Regexes do not depend on the
+    tokenizer; the tokenizer is only their owner, so a server's compiles reuse each other's
+    automata and translations, bounded by ``RegexAlgebra``'s LRU sizes."""
+    return RegexAlgebra()
+
+
 def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     """Compile ``spec`` for ``tok``; raises :class:`ConstraintError` for a client's mistake."""
     try:
@@ -61,7 +69,7 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     raised: dict[str, int] = {}
     distinct_keys = False
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
-        algebra = RegexAlgebra()  # the regex memos of this compile
+        algebra = tok.derived(regex_algebra)  # the tokenizer's regex memos, shared by compiles
         plan = analyze_schema(
             spec.schema(),
             lenient=not spec.strict,
