@@ -28,7 +28,7 @@ import numpy as np
 from corral.grammar.checks.scanning import ScanningMatcher
 from corral.grammar.core.matcher import Matcher
 from corral.grammar.core.tokenizer import TokenizerInfo
-from corral.grammar.regex.algebra import never_runs_out
+from corral.grammar.regex.algebra import RegexAlgebra
 
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _VALUE, _KEY, _STRING = 0, 1, 2  # where the text is: between tokens of JSON, in a key, in a string
@@ -197,7 +197,9 @@ def decode_prefix(raw: bytes) -> str | None:
         return None
 
 
-def dead_end_risk(schema: Any, sources: Mapping[str, str] | None = None) -> str | None:
+def dead_end_risk(
+    schema: Any, sources: Mapping[str, str] | None = None, algebra: RegexAlgebra | None = None
+) -> str | None:
     """Why refusing repeated keys could leave an object with no valid continuation, or None.
 
     Safe: every object either has only declared keys (the backend never repeats those) or free
@@ -205,7 +207,9 @@ def dead_end_risk(schema: Any, sources: Mapping[str, str] | None = None) -> str 
     ``additionalProperties`` other than false, ``patternProperties`` searched without an end
     anchor or look-around, or a pattern whose automaton never runs out of continuations
     (``regex_algebra.never_runs_out``, on the Python source ``sources`` gives the backend
-    regex: ``^[a-z_]+$``, but not ``^[a-f]$``)."""
+    regex: ``^[a-z_]+$``, but not ``^[a-f]$``). ``algebra``: the caller's regex memos (a fresh
+    one, for this call only, when None)."""
+    algebra = algebra or RegexAlgebra()
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -220,7 +224,7 @@ def dead_end_risk(schema: Any, sources: Mapping[str, str] | None = None) -> str 
             for pattern in node.get("patternProperties", {}):
                 source = (sources or {}).get(pattern)
                 if not _extendable(pattern) and (
-                    source is None or never_runs_out(source) is not True
+                    source is None or algebra.never_runs_out(source) is not True
                 ):
                     return f"the keys of pattern {pattern!r} may not extend to a new key"
         stack.extend(node.values())

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 from jsonschema import Draft202012Validator
 
-from corral.grammar.regex.algebra import backend_never_runs_out
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.schema.facts import ANNOTATIONS, finite_values
 
 #: Most significant digits of a number item with a point (distinct decimals, distinct floats),
@@ -105,19 +105,23 @@ LITERAL_KEY = re.compile(r"\^((?:[A-Za-z0-9]|\\x\{[0-9a-f]+\})*)\$")
 MAX_TAIL = 64
 
 
-def open_kinds(node: Any, target: Callable[[str], Any], depth: int = 0) -> Kinds | None:
+def open_kinds(
+    node: Any, target: Callable[[str], Any], depth: int = 0, algebra: RegexAlgebra | None = None
+) -> Kinds | None:
     """The :class:`Kinds` of ``node`` when every value it admits is open (above); else None.
-    ``target`` resolves a ``$ref``; a reference deeper than 16 is not followed (None)."""
+    ``target`` resolves a ``$ref``; a reference deeper than 16 is not followed (None).
+    ``algebra``: the caller's regex memos (a fresh one, for this call only, when None)."""
+    algebra = algebra or RegexAlgebra()
     if node is True or node == {}:
         return _ANY
     if not isinstance(node, dict) or depth >= 16 or set(node) - _KNOWN - ANNOTATIONS:
         return None
-    own = _own(node, target, depth)
-    parts = [own] + [open_kinds(sub, target, depth + 1) for sub in node.get("allOf", ())]
+    own = _own(node, target, depth, algebra)
+    parts = [own] + [open_kinds(sub, target, depth + 1, algebra) for sub in node.get("allOf", ())]
     if "anyOf" in node:
-        parts.append(union([open_kinds(sub, target, depth + 1) for sub in node["anyOf"]]))
+        parts.append(union([open_kinds(sub, target, depth + 1, algebra) for sub in node["anyOf"]]))
     if "$ref" in node:
-        parts.append(open_kinds(target(node["$ref"]), target, depth + 1))
+        parts.append(open_kinds(target(node["$ref"]), target, depth + 1, algebra))
     return intersect(parts)
 
 
@@ -156,7 +160,9 @@ def intersect(parts: list[Kinds | None]) -> Kinds | None:
     return out
 
 
-def _own(node: dict, target: Callable[[str], Any], depth: int) -> Kinds | None:
+def _own(
+    node: dict, target: Callable[[str], Any], depth: int, algebra: RegexAlgebra
+) -> Kinds | None:
     """The kinds ``node``'s own keywords admit (``type`` and the keywords of each type)."""
     named = node.get("type", ["null", "boolean", "object", "array", "string", "number"])
     named = [named] if isinstance(named, str) else named
@@ -166,12 +172,12 @@ def _own(node: dict, target: Callable[[str], Any], depth: int) -> Kinds | None:
         kind = "number" if t == "integer" else t
         used = _OWN.get(kind, frozenset()) & set(node)
         if kind == "object" and node.get("additionalProperties", True) is False:
-            closed = None if "patternProperties" in node else _closed(node, target, depth)
+            closed = None if "patternProperties" in node else _closed(node, target, depth, algebra)
             if closed is None:
                 return None
             types["object"] = "closed"
             continue
-        if used and not _open_of(kind, node, target, depth):
+        if used and not _open_of(kind, node, target, depth, algebra):
             return None
         state = "open" if used else "free"
         for k in (
@@ -182,7 +188,9 @@ def _own(node: dict, target: Callable[[str], Any], depth: int) -> Kinds | None:
     return Kinds(types, nonneg, closed)
 
 
-def _closed(node: dict, target: Callable[[str], Any], depth: int) -> Closed | None:
+def _closed(
+    node: dict, target: Callable[[str], Any], depth: int, algebra: RegexAlgebra
+) -> Closed | None:
     """The :class:`Closed` reading of a closed object: its last member whose value is open and
     no closed object itself (neither ``true``, ``false`` nor ``null``), and what may follow it.
     None where there is none, where members follow an optional one, or where they could be
@@ -191,7 +199,7 @@ def _closed(node: dict, target: Callable[[str], Any], depth: int) -> Closed | No
     names = list(props)
     required = set(node.get("required", ()))
     for k in range(len(names) - 1, -1, -1):
-        inner = open_kinds(props[names[k]], target, depth + 1)
+        inner = open_kinds(props[names[k]], target, depth + 1, algebra)
         if inner is not None and set(inner.types) <= {"string", "integer", "fraction", "array"} | (
             {"object"} if inner.types.get("object") != "closed" else set()
         ):
@@ -240,7 +248,9 @@ def _listed(node: Any, target: Callable[[str], Any]) -> list | None:
     return [v for v in values if judge.is_valid(v)]
 
 
-def _open_of(kind: str, node: dict, target: Callable[[str], Any], depth: int) -> bool:
+def _open_of(
+    kind: str, node: dict, target: Callable[[str], Any], depth: int, algebra: RegexAlgebra
+) -> bool:
     if kind == "object":  # patterns of one key each (declared keys, in any order) leave the rest
         keys = node.get("patternProperties", {})
         return node.get("additionalProperties", True) in (True, {}) and all(
@@ -249,11 +259,11 @@ def _open_of(kind: str, node: dict, target: Callable[[str], Any], depth: int) ->
     if kind == "array":
         items = node.get("items", True)
         if "x-corral-unique" in node:  # items that must not repeat: open ones only
-            return open_kinds(items, target, depth + 1) is not None
+            return open_kinds(items, target, depth + 1, algebra) is not None
         return inhabited(items, target, depth + 1)
     if kind == "string":
         pattern = node.get("pattern")
-        return pattern is None or backend_never_runs_out(pattern) is True
+        return pattern is None or algebra.backend_never_runs_out(pattern) is True
     bounds = [node[k] for k in _OWN["number"] if k in node]
     return all(isinstance(b, int | float) and not isinstance(b, bool) and b >= 0 for b in bounds)
 

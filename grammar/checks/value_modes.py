@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from corral.grammar.regex.algebra import backend_never_runs_out
+from corral.grammar.regex.algebra import RegexAlgebra
 
 #: The mark the analysis puts on ``{"type": "number"}`` for "a number that is not an integer"
 #: (its value: the JSON pointer of the keyword that needed it).
@@ -73,10 +73,13 @@ class SiteConflict(Exception):
 
 
 class Modes:
-    """Modes of the schemas of one analysed document; ``target`` resolves a ``$ref``."""
+    """Modes of the schemas of one analysed document; ``target`` resolves a ``$ref``;
+    ``algebra``: the regex memos of its owner (the analysis, or the sites' build; a fresh one,
+    this object's own, when None)."""
 
-    def __init__(self, target: Callable[[str], Any]) -> None:
+    def __init__(self, target: Callable[[str], Any], algebra: RegexAlgebra | None = None) -> None:
         self._target = target
+        self._algebra = algebra or RegexAlgebra()
         self._memo: dict[tuple[int, str], Mode] = {}
         self._busy: set[tuple[int, str]] = set()
 
@@ -128,7 +131,7 @@ class Modes:
             return False
         if set(node) - _OPEN_STRING - {"allOf"} or node.get("type") != "string":
             return False
-        if "pattern" in node and backend_never_runs_out(node["pattern"]) is not True:
+        if "pattern" in node and self._algebra.backend_never_runs_out(node["pattern"]) is not True:
             return False
         return all(
             _neutral(sub) or self.open_string(sub, depth + 1) for sub in node.get("allOf", ())

@@ -47,6 +47,7 @@ from corral.grammar.checks.value_modes import (
     Modes,
     SiteConflict,
 )
+from corral.grammar.regex.algebra import RegexAlgebra
 
 __all__ = [
     "FRACTION",
@@ -155,7 +156,8 @@ class _Builder:
     def __init__(self, schema: Any) -> None:
         self.root = schema
         self.defs = schema.get("$defs", {}) if isinstance(schema, dict) else {}
-        self.modes = Modes(self._target)
+        self.regexes = RegexAlgebra()  # the regex memos of this build
+        self.modes = Modes(self._target, self.regexes)
         self.sites = Sites()
         self.states: dict[Term, int] = {}
         self.terms: list[Term] = []
@@ -232,7 +234,7 @@ class _Builder:
         """The kinds of the open values every item at a position is (``open_items``)."""
         what, parts = term
         if what == "node":
-            return open_kinds(self.nodes[parts], self._target)
+            return open_kinds(self.nodes[parts], self._target, algebra=self.regexes)
         found = [self._open_kinds(t) for t in parts]
         return intersect(found) if what == "and" else union(found)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import interegular
 
-from corral.grammar.regex.algebra import regular
+from corral.grammar.regex.algebra import RegexAlgebra
 
 #: The longest run of filler a closing may need (characters a `minLength` asks for, items a
 #: `minItems` asks for). A schema that asks for more (`minLength: 10**9` is valid) has no
@@ -71,6 +71,7 @@ class Patterns:
         self._max = max_dfas
         self._lock = threading.Lock()
         self._dfas: dict[str, _Dfa] = {}
+        self._algebra = RegexAlgebra()  # look-around patterns written without them
 
     def complete(self, pattern: str, text: str, min_length: int) -> str | None:
         """Shortest suffix s with `text + s` matching `pattern` as `re.search` does (a side
@@ -88,6 +89,7 @@ class Patterns:
         try:
             dfa = self._dfa(_spelt_escapes(body))
         except Exception:  # interegular refuses some syntax (look-arounds, `$` inside): the
+            regular = self._algebra.regular
             written = regular(pattern) or regular(pattern, narrow_ends=True)  # same language,
             if written is None or written.empty or written.python == pattern:  # or the
                 return None  # backend's part of it

@@ -37,10 +37,19 @@ from corral.grammar.core.reasoning import after_reasoning
 from corral.grammar.core.spec import ConstraintKind, ConstraintSpec
 from corral.grammar.core.structural_tag import structural_tag_lark
 from corral.grammar.core.tokenizer import TokenizerInfo
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.regex.translate import literal_regex, translate_regex
 from corral.grammar.schema.analysis import SchemaPlan, analyze_schema
 from corral.grammar.schema.order import backend_layout
 from corral.grammar.schema.rewrite_log import ANY_ORDER, VALUE_CHECKS, Rewritten
+
+
+def regex_algebra(tok: TokenizerInfo) -> RegexAlgebra:
+    """The regex memos the compiles for ``tok`` share (``TokenizerInfo.derived`` keeps one per
+    tokenizer: the long-lived object every compile has). Regexes do not depend on the
+    tokenizer; the tokenizer is only their owner, so a server's compiles reuse each other's
+    automata and translations, bounded by ``RegexAlgebra``'s LRU sizes."""
+    return RegexAlgebra()
 
 
 def compile_constraint(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
@@ -60,16 +69,18 @@ def _compile(spec: ConstraintSpec, tok: TokenizerInfo) -> CompiledConstraint:
     raised: dict[str, int] = {}
     distinct_keys = False
     if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT):
+        algebra = tok.derived(regex_algebra)  # the tokenizer's regex memos, shared by compiles
         plan = analyze_schema(
             spec.schema(),
             lenient=not spec.strict,
             source=spec.source or None,
             check_keys=spec.reasoning is None,
+            algebra=algebra,
         )
         schema, distinct_keys, rewrites = plan.schema, plan.distinct_keys, plan.rewrites
         if spec.reasoning is None:
             sources = dict(plan.regex_sources)
-            schema, distinct_keys, freed = backend_layout(schema, distinct_keys, sources)
+            schema, distinct_keys, freed = backend_layout(schema, distinct_keys, sources, algebra)
             rewrites += _any_order(plan, freed)
         json_alone = spec.reasoning is None
         lost = checked_marks(schema, spec.strict, json_alone)

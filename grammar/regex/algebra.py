@@ -15,8 +15,11 @@ guessed.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from functools import lru_cache
+from typing import Any
 
 from interegular.fsm import FSM
 
@@ -42,10 +45,102 @@ class Anchored:
     empty: bool = False
 
 
-@lru_cache(maxsize=1024)
-def disjoint(first: tuple[str, ...], second: tuple[str, ...]) -> bool | None:
-    """True when no string matches all `first` patterns and all `second` ones (`re.search`),
-    False when some string does, None when the model cannot decide."""
+#: how many answers of each kind one `RegexAlgebra` keeps (least recently used dropped first)
+MEMO_SIZES: dict[str, int] = {
+    "disjoint": 1024,
+    "never_runs_out": 256,
+    "languages": 256,
+    "complement": 1024,
+    "regular": 1024,
+}
+DEFAULT_MEMO_SIZE = 8192  # a kind not named above (`patterns.PatternTable`'s translations)
+
+
+class RegexAlgebra:
+    """The regex algebra with its memos: answers keyed by pattern text, each kind bounded
+    (`MEMO_SIZES`), least recently used dropped first. Whoever holds one decides how long its
+    answers live: a schema compile (`analysis.analyze_schema`, the checks it and the matcher's
+    build run), or a closer (`closing.strings.Patterns`). Thread-safe: a lock guards the memos;
+    an answer is computed outside it (a pure function of its key, so two threads racing on one
+    key only compute it twice). `hits` counts the answers found in a memo, per kind."""
+
+    def __init__(self, sizes: dict[str, int] | None = None) -> None:
+        self._sizes = {**MEMO_SIZES, **(sizes or {})}
+        self._lock = threading.Lock()
+        self._memos: dict[str, OrderedDict] = {}
+        self.hits: dict[str, int] = {}
+
+    def cached(self, kind: str, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The memoised ``compute()`` of ``key`` among answers of ``kind``."""
+        with self._lock:
+            memo = self._memos.setdefault(kind, OrderedDict())
+            if key in memo:
+                memo.move_to_end(key)
+                self.hits[kind] = self.hits.get(kind, 0) + 1
+                return memo[key]
+        value = compute()
+        with self._lock:
+            memo[key] = value
+            if len(memo) > self._sizes.get(kind, DEFAULT_MEMO_SIZE):
+                memo.popitem(last=False)
+        return value
+
+    def disjoint(self, first: tuple[str, ...], second: tuple[str, ...]) -> bool | None:
+        """True when no string matches all `first` patterns and all `second` ones (`re.search`),
+        False when some string does, None when the model cannot decide."""
+        return self.cached("disjoint", (first, second), lambda: _disjoint(first, second))
+
+    def matches(self, pattern: str, text: str) -> bool | None:
+        """Whether `re.search(pattern, text)` finds a match, decided on the pattern's automaton
+        (no backtracking, so a hostile pattern costs no more than a plain one); None: not
+        decided."""
+        return _matches(self.languages(pattern), text)
+
+    def never_runs_out(self, pattern: str) -> bool | None:
+        """Whether every prefix of a string the backend's form of `pattern` matches extends to
+        infinitely many such strings (None: not decided): a key begun under the pattern can
+        then always be finished as one not yet written, however many are. True for `^[a-z]+$`
+        or `^x_\\d+$`, False for `^[a-f]$` or `^(?:OUT1|OUT2)$`. The backend's `$` is the end
+        of the text (Python's also matches before a final newline, which the backend never
+        writes)."""
+        return self.cached("never_runs_out", pattern, lambda: _never_runs_out(pattern))
+
+    def backend_never_runs_out(self, regex: str) -> bool | None:
+        """`never_runs_out` for a regex in the backend's dialect as `translate_regex` prints it
+        (classes spelt as ranges, code points as ``\\x{..}``): read back as the Python pattern
+        of the same language, so that a check can be decided from the backend's grammar
+        alone."""
+        return self.never_runs_out(python_of_backend(regex))
+
+    def languages(self, pattern: str, end_newline: bool = True) -> Languages | None:
+        """One pattern's automaton, or None (kept too: a refused pattern is not rebuilt per
+        use)."""
+        key = (pattern, end_newline)
+        return self.cached("languages", key, lambda: _languages(pattern, end_newline))
+
+    def complement(self, pattern: str) -> Anchored | None:
+        """Anchored regexes for the strings `re.search(pattern, s)` finds no match in (None:
+        not decided). Strings with lone surrogates are left out of them (the backend's regexes
+        cannot spell those code points); leaving strings out only narrows."""
+        return self.cached(
+            "complement", pattern, lambda: _anchored(self.languages(pattern), negate=True)
+        )
+
+    def regular(self, pattern: str, narrow_ends: bool = False) -> Anchored | None:
+        """Anchored regexes for the strings `re.search(pattern, s)` finds a match in: a pattern
+        with look-arounds written without them (lone surrogates left out, as in `complement`).
+        `narrow_ends`: every `$` is read as the end of the text (as the backend reads it), which
+        leaves out the matches Python's `$` finds before a final newline: a narrowing, but one
+        that writes a `$` inside the pattern (`(,|$)`) without it
+        (``quirks.END_ANCHOR_ONLY_AT_END``)."""
+
+        def build() -> Anchored | None:
+            return _anchored(self.languages(pattern, not narrow_ends), negate=False)
+
+        return self.cached("regular", (pattern, narrow_ends), build)
+
+
+def _disjoint(first: tuple[str, ...], second: tuple[str, ...]) -> bool | None:
     try:
         fsms = Languages(first + second).fsms
     except Outside:
@@ -54,10 +149,7 @@ def disjoint(first: tuple[str, ...], second: tuple[str, ...]) -> bool | None:
     return a.isdisjoint(b)
 
 
-def matches(pattern: str, text: str) -> bool | None:
-    """Whether `re.search(pattern, text)` finds a match, decided on the pattern's automaton (no
-    backtracking, so a hostile pattern costs no more than a plain one); None: not decided."""
-    langs = _languages(pattern)
+def _matches(langs: Languages | None, text: str) -> bool | None:
     if langs is None:
         return None
     dfa, state = langs.fsms[0], langs.fsms[0].initial
@@ -73,8 +165,7 @@ def matches(pattern: str, text: str) -> bool | None:
 _RUNS_OUT_STATES = 2_000
 
 
-@lru_cache(maxsize=256)
-def never_runs_out(pattern: str) -> bool | None:
+def _never_runs_out(pattern: str) -> bool | None:
     """Whether every prefix of a string the backend's form of `pattern` matches extends to
     infinitely many such strings (None: not decided): a key begun under the pattern can then
     always be finished as one not yet written, however many are. True for `^[a-z]+$` or
@@ -91,13 +182,6 @@ def never_runs_out(pattern: str) -> bool | None:
     if dfa.initial not in live:
         return True  # no string matches: no key is ever begun
     return all(q in cyclic or reach[q] & cyclic for q in {dfa.initial} | reach[dfa.initial])
-
-
-def backend_never_runs_out(regex: str) -> bool | None:
-    """`never_runs_out` for a regex in the backend's dialect as `translate_regex` prints it
-    (classes spelt as ranges, code points as ``\\x{..}``): read back as the Python pattern of the
-    same language, so that a check can be decided from the backend's grammar alone."""
-    return never_runs_out(python_of_backend(regex))
 
 
 def python_of_backend(regex: str) -> str:
@@ -129,7 +213,6 @@ def _reachable(start: object, edges: dict) -> set:
     return seen
 
 
-@lru_cache(maxsize=256)
 def _languages(pattern: str, end_newline: bool = True) -> Languages | None:
     """One pattern's automaton, or None (kept too: a refused pattern is not rebuilt per use)."""
     try:
@@ -138,26 +221,7 @@ def _languages(pattern: str, end_newline: bool = True) -> Languages | None:
         return None
 
 
-@lru_cache(maxsize=1024)
-def complement(pattern: str) -> Anchored | None:
-    """Anchored regexes for the strings `re.search(pattern, s)` finds no match in (None: not
-    decided). Strings with lone surrogates are left out of them (the backend's regexes cannot
-    spell those code points); leaving strings out only narrows."""
-    return _anchored(pattern, negate=True)
-
-
-@lru_cache(maxsize=1024)
-def regular(pattern: str, narrow_ends: bool = False) -> Anchored | None:
-    """Anchored regexes for the strings `re.search(pattern, s)` finds a match in: a pattern
-    with look-arounds written without them (lone surrogates left out, as in `complement`).
-    `narrow_ends`: every `$` is read as the end of the text (as the backend reads it), which
-    leaves out the matches Python's `$` finds before a final newline: a narrowing, but one that
-    writes a `$` inside the pattern (`(,|$)`) without it (``quirks.END_ANCHOR_ONLY_AT_END``)."""
-    return _anchored(pattern, negate=False, end_newline=not narrow_ends)
-
-
-def _anchored(pattern: str, negate: bool, end_newline: bool = True) -> Anchored | None:
-    langs = _languages(pattern, end_newline)
+def _anchored(langs: Languages | None, negate: bool) -> Anchored | None:
     if langs is None:
         return None
     try:

@@ -27,6 +27,7 @@ from typing import Any
 from corral.grammar.checks.distinct_keys import dead_end_risk
 from corral.grammar.core.errors import ConstraintError, Unenforced
 from corral.grammar.core.input_checks import check_document, nesting_error
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.schema import rewrite_log as log
 from corral.grammar.schema.deferred import Deferred
 from corral.grammar.schema.dialect import as_latest, dialect_of
@@ -64,6 +65,7 @@ def analyze_schema(
     budget: int = 100_000,
     source: str | None = None,
     check_keys: bool = True,
+    algebra: RegexAlgebra | None = None,
 ) -> SchemaPlan:
     """Rewrite `schema` into an equivalent one llguidance enforces exactly.
 
@@ -71,19 +73,27 @@ def analyze_schema(
     serialising the schema again. `check_keys`: the output is JSON from its first byte, so the
     matcher may check values at their boundaries (`distinct_keys`, `value_checks`). Raises
     ConstraintError when the schema is invalid, when (strict mode) a keyword cannot be enforced
-    exactly, or when the analysis uses up `budget` steps."""
+    exactly, or when the analysis uses up `budget` steps. `algebra`: the regex memos the
+    analysis uses (pattern translations, the regex algebra); its owner decides how long they
+    live (a fresh one, for this analysis only, when None)."""
     if not isinstance(schema, (dict, bool)):
         raise ConstraintError("a JSON Schema must be an object or a boolean", "", "")
     check_document(schema)
     try:
-        return _Analyzer(schema, lenient, budget, source, check_keys).run()
+        return _Analyzer(schema, lenient, budget, source, check_keys, algebra).run()
     except RecursionError:  # the rewrites nest deeper than the input: still the client's schema
         raise nesting_error("schema") from None
 
 
 class _Analyzer:
     def __init__(
-        self, root: dict | bool, lenient: bool, budget: int, source: str | None, check_keys: bool
+        self,
+        root: dict | bool,
+        lenient: bool,
+        budget: int,
+        source: str | None,
+        check_keys: bool,
+        algebra: RegexAlgebra | None = None,
     ) -> None:
         self.root = root
         self.check_keys = check_keys
@@ -100,10 +110,13 @@ class _Analyzer:
         self.describe: dict[int, str] = {}
         self.rewritten: list[Rewritten] = []
         self._pointers: dict[int, tuple[dict, str]] = {}
-        self.patterns = PatternTable(self.refuse, self.record)
+        self.algebra = algebra or RegexAlgebra()  # regex memos: the caller's, or this analysis's
+        self.patterns = PatternTable(self.refuse, self.record, self.algebra)
         self.deferred = Deferred()  # `not`s a fold may settle, refused in run() if none does
         self.negator = Negator(self.lookup, self.tick, self.patterns.complement, self.deferred)
-        self.prover = DisjointProver(self.lookup, self.tick, self.patterns.exact_source)
+        self.prover = DisjointProver(
+            self.lookup, self.tick, self.patterns.exact_source, self.algebra
+        )
         self.rewrites = KeywordRewrites(self)
         #: (node, pointer) of each `minProperties` that needs keys not to repeat
         self._counted: list[tuple[dict, str]] = []
@@ -259,7 +272,11 @@ class _Analyzer:
         """Whether the matcher may refuse repeated keys in `schema` without a dead end; if not,
         every `minProperties` that needed it is refused (lenient: dropped)."""
         sources = self.patterns.python_source
-        risk = dead_end_risk(schema, sources) if self.check_keys else "the output is not JSON alone"
+        risk = (
+            dead_end_risk(schema, sources, self.algebra)
+            if self.check_keys
+            else "the output is not JSON alone"
+        )
         if risk is None:
             for _, pointer in self._counted:
                 self.record(f"{pointer}/minProperties", "minProperties", log.DISTINCT_KEYS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from corral.grammar.regex.algebra import disjoint, matches
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.schema.facts import (
     ALL_TYPES,
     finite_values,
@@ -42,15 +42,18 @@ _KEYWORD_TYPES: dict[str, frozenset[str]] = {
 
 
 class DisjointProver:
-    """Decides provable disjointness; `lookup` maps a `$ref` to its analysed target."""
+    """Decides provable disjointness; `lookup` maps a `$ref` to its analysed target; `algebra`:
+    the regex memos of the analysis (a fresh one, the prover's own, when None)."""
 
     def __init__(
         self,
         lookup: Callable[[str], dict | bool | None],
         tick: Callable[[], None],
         pattern_source: Callable[[str], str | None],
+        algebra: RegexAlgebra | None = None,
     ):
         self._lookup = lookup
+        self._algebra = algebra or RegexAlgebra()
         self._tick = tick
         #: backend regex -> the Python pattern whose language the judge tests (None: unknown)
         self._source = pattern_source
@@ -144,13 +147,17 @@ class DisjointProver:
         source = self._source(b["pattern"]) if "pattern" in b else None
         if source is None:
             return True
-        return matches(source, v) is not False
+        return self._algebra.matches(source, v) is not False
 
     def _patterns_disjoint(self, a: dict, b: dict) -> bool:
         if "pattern" not in a or "pattern" not in b:
             return False
         first, second = self._source(a["pattern"]), self._source(b["pattern"])
-        return first is not None and second is not None and disjoint((first,), (second,)) is True
+        return (
+            first is not None
+            and second is not None
+            and self._algebra.disjoint((first,), (second,)) is True
+        )
 
     def _objects_disjoint(self, a: dict, b: dict, depth: int) -> bool:
         req_a, req_b = set(a.get("required", ())), set(b.get("required", ()))

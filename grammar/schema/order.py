@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from corral.grammar.checks.distinct_keys import dead_end_risk
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.regex.translate import literal_regex
 from corral.grammar.schema.backend_merges import (
     SCHEMA_LISTS,
@@ -48,16 +49,19 @@ MAX_FREED = 64
 
 
 def backend_layout(
-    schema: Any, distinct_keys: bool, sources: Mapping[str, str] | None = None
+    schema: Any,
+    distinct_keys: bool,
+    sources: Mapping[str, str] | None = None,
+    algebra: RegexAlgebra | None = None,
 ) -> tuple[Any, bool, list[dict]]:
     """The analysed ``schema`` as handed to the backend, whether its matcher must refuse
     repeated keys: ``distinct_keys`` (the analysis needs it), or because optional properties
     were freed here (only where that check leaves no dead end), and the object nodes of
     ``schema`` whose optional properties were freed. ``sources``: the Python source of each
-    backend regex (``dead_end_risk`` reads key patterns' automata)."""
+    backend regex (``dead_end_risk`` reads key patterns' automata, with ``algebra``'s memos)."""
     changed: list[tuple[dict, str]] = []
     freed = free_order(schema, changed)
-    if freed is None or (not distinct_keys and dead_end_risk(schema, sources) is not None):
+    if freed is None or (not distinct_keys and dead_end_risk(schema, sources, algebra) is not None):
         return schema, distinct_keys, []
     return freed, True, list({id(node): node for node, _ in changed}.values())
 

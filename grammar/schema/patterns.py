@@ -18,8 +18,9 @@ Two strengths are needed:
 A `pattern` with look-arounds that have an exact regular meaning (see `regex_algebra`) is
 written without them, as an anchored regex of the same language.
 
-Translations are cached per pattern string: the first shorthand class builds a Unicode table
-(a fraction of a second, once per process), later uses cost a dictionary look-up.
+Translations are memoised per pattern string by the `RegexAlgebra` the analysis is given (its
+owner decides how long they live: one compile, or every compile that passes the same one); the
+first shorthand class builds a Unicode table (a fraction of a second, once per process).
 
 Copies: `key_patterns` and `python_dialect` build new maps; the analysed schema they read is not
 changed.
@@ -31,12 +32,11 @@ import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from corral.grammar.checks.value_sites import FRACTION, UNIQUE
 from corral.grammar.core.errors import ConstraintError
-from corral.grammar.regex.algebra import complement, regular
+from corral.grammar.regex.algebra import RegexAlgebra
 from corral.grammar.regex.translate import translate_regex
 from corral.grammar.schema.facts import escape_pointer
 from corral.grammar.schema.negate import NotExpressible
@@ -63,11 +63,14 @@ class Translation:
     rewrite: str = ""
 
 
-@lru_cache(maxsize=8192)
-def translate_pattern(pattern: str, exact: bool, nul_ok: bool = False) -> Translation:
+def translate_pattern(
+    pattern: str, exact: bool, nul_ok: bool = False, algebra: RegexAlgebra | None = None
+) -> Translation:
     """The backend-dialect form of Python regex `pattern` (exact, or possibly narrowed).
     `nul_ok`: an exact key pattern may still leave NUL out of a class (`json_safe`), because a
-    key it then misses is refused anyway (the only pattern of a closed object)."""
+    key it then misses is refused anyway (the only pattern of a closed object). Not memoised:
+    `PatternTable.translate` keeps the answers in its `RegexAlgebra`; `algebra` answers the
+    look-around rewrite (a fresh one, kept for this call only, when None)."""
     with warnings.catch_warnings():  # "possible nested set" and the like: Python's own advice
         warnings.simplefilter("ignore", FutureWarning)
         try:
@@ -93,6 +96,8 @@ def translate_pattern(pattern: str, exact: bool, nul_ok: bool = False) -> Transl
         except ConstraintError as e:
             # a look-around with a regular meaning, printed without it; keys stay refused (the
             # printed form leaves out strings with lone surrogates: a narrowing)
+            algebra = algebra or RegexAlgebra()
+            regular = algebra.regular
             written = None if exact else regular(pattern) or regular(pattern, narrow_ends=True)
             if written is None or written.empty:
                 return Translation(refusal=e.reason)
@@ -103,9 +108,14 @@ class PatternTable:
     """The backend regexes of one analysis and the Python patterns they were translated from."""
 
     def __init__(
-        self, refuse: Callable[[str, str, str], None], record: Callable[[str, str, str], None]
+        self,
+        refuse: Callable[[str, str, str], None],
+        record: Callable[[str, str, str], None],
+        algebra: RegexAlgebra | None = None,
     ) -> None:
         self._refuse = refuse
+        #: the memos of translations and of the regex algebra (the analysis's owner's)
+        self.algebra = algebra or RegexAlgebra()
         self._record = record  # (pointer, keyword, rewrite) of a translation that changed more
         #: backend regex -> its Python source (to judge the output with `jsonschema`)
         self.python_source: dict[str, str] = {}
@@ -121,7 +131,12 @@ class PatternTable:
         self, pattern: str, where: str, keyword: str, exact: bool, nul_ok: bool = False
     ) -> str | None:
         """`pattern` in the backend's dialect; None after refusing it (lenient mode)."""
-        t = translate_pattern(pattern, exact, nul_ok)
+        algebra = self.algebra
+        t = algebra.cached(
+            "translate",
+            (pattern, exact, nul_ok),
+            lambda: translate_pattern(pattern, exact, nul_ok, algebra),
+        )
         if t.invalid:
             raise ConstraintError(t.refusal, where, keyword)
         if t.refusal:
@@ -167,7 +182,7 @@ class PatternTable:
         string), registered with its Python form for the judge. Raises
         NotExpressible when the exact regex algebra cannot build it."""
         src = self.source(regex)
-        other = None if src is None else complement(src)
+        other = None if src is None else self.algebra.complement(src)
         if other is None:
             what = "an ambiguous narrowed pattern" if src is None else f"pattern {src!r}"
             raise NotExpressible(

@@ -282,19 +282,19 @@ class KeywordRewrites:
                 arrangements = _arrangements(distinct, out.get("minItems", 0), out.get("maxItems"))
         target = lambda ref: self.a.lookup(ref) or False  # noqa: E731 - unknown: not open
         checkable = arrangements is None and "prefixItems" not in out and self.a.check_keys
-        if checkable and Modes(target).open_string(items):
+        if checkable and Modes(target, self.a.algebra).open_string(items):
             # open string items: the matcher refuses a repeated one (``value_sites``)
             out[UNIQUE] = where
             self.a.record(where, "uniqueItems", log.UNIQUE_CHECK)
             return
-        listed = Modes(target).listed_strings(items) if checkable else None
+        listed = Modes(target, self.a.algebra).listed_strings(items) if checkable else None
         if listed and out.get("minItems", 0) <= len(listed):
             # listed strings: the matcher steers clear of those the array holds, and ends the
             # array when none is left (``value_sites``)
             out[UNIQUE] = where
             self.a.record(where, "uniqueItems", log.UNIQUE_CHECK_LISTED)
             return
-        if checkable and open_kinds(items, target) is not None:
+        if checkable and open_kinds(items, target, algebra=self.a.algebra) is not None:
             # open values: each can still be finished as one not held (``open_items``)
             out[UNIQUE] = where
             self.a.record(where, "uniqueItems", log.UNIQUE_CHECK_OPEN)
