@@ -1,7 +1,7 @@
 """ServerConfig: every `corral serve` setting, its flag, its environment variable and its meaning.
 
-One table (`SETTINGS`) drives the command-line flags, the environment variables and the README's
-configuration table, so the three cannot drift apart. Precedence: flag, then environment, then
+One table (`SETTINGS`) drives the command-line flags, the environment variables and the
+configuration table in docs/serving.md, so the three cannot drift apart. Precedence: flag, then environment, then
 the default.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from corral.engine.config import EngineConfig
-from corral.paths import CACHE_DIR_ENV
+from corral.base.paths import CACHE_DIR_ENV
+from corral.engine.serving.config import EngineConfig
 
 _GIB = 1 << 30
 _CACHE_URL_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -95,7 +95,7 @@ class ServerConfig:
     open_objects: bool = False
     tool_call_format: str = "auto"
     reasoning_format: str | None = None
-    # Limits on what one request may send, each named in its 400 (api/limits.py; the README's
+    # Limits on what one request may send, each named in its 400 (api/limits.py; docs/serving.md's
     # "Limits" table sets them beside OpenAI's). Measured on SmolLM2's tokenizer (2 CPU cores):
     # llguidance's JSON parser stops at 128 levels of nesting, so a schema document may nest
     # 64 (31 levels of objects in properties); 5,000 required properties compile in 1 s,
@@ -171,21 +171,21 @@ class ServerConfig:
     @property
     def torch_device(self):
         """`device` checked against this machine (`engine.device.parse_device`)."""
-        from corral.engine.device import parse_device
+        from corral.engine.execution.device import parse_device
 
         return parse_device(self.device)
 
     @property
     def torch_dtype(self):
         """`dtype` resolved for the device and weights (`engine.device.parse_dtype`)."""
-        from corral.engine.device import parse_dtype
+        from corral.engine.execution.device import parse_dtype
 
         return parse_dtype(self.dtype, self.torch_device, self.quantization != "none")
 
     @property
     def quantization(self) -> str:
         """`quantize` resolved for the model and device (`engine.assets.resolve_quantize`)."""
-        from corral.engine.assets import resolve_quantize
+        from corral.engine.loading.assets import resolve_quantize
 
         return resolve_quantize(self.quantize, self.model, self.torch_device)
 
@@ -298,7 +298,7 @@ SETTINGS: tuple[Setting, ...] = (
             "constraints apply after it (default: none)"),
     Setting("cache_url", "--cache-url", "CORRAL_CACHE_URL", str,
             "redis://host:port/db: compiled constraints shared with every replica naming the "
-            "same Redis, after memory and disk (default: none; see README, Scaling out)"),
+            "same Redis, after memory and disk (default: none; see docs/deployment.md, Scaling out)"),
     Setting("cache_prefetch", "--cache-prefetch", "CORRAL_CACHE_PREFETCH", parse_bool,
             "with --cache-url: load the constraints other replicas compile into memory in the "
             "background, before a request asks for them (default true)"),

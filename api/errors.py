@@ -20,8 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.api.responses import ApiJSONResponse
-from corral.engine.async_engine import EngineUnavailable
-from corral.engine.core import RequestError
+from corral.engine.serving.async_engine import EngineUnavailable
+from corral.engine.serving.core import RequestError
 from corral.grammar import CompileUnavailable, ConstraintError
 
 log = logging.getLogger("corral.api")

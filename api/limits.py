@@ -2,7 +2,7 @@
 
 The bounds are the server's configuration (``ServerConfig``: ``max_n``, ``max_tools``,
 ``max_schema_bytes``, ``max_schema_depth``, ``max_schema_properties``, ``max_enum_values``) and
-are listed beside OpenAI's in the README's "Limits" section. A refusal names the request field
+are listed beside OpenAI's in docs/serving.md, "Limits". A refusal names the request field
 (``param``), the limit (``limit``, the setting's name), the request's value and the bound.
 
 Every walk here is iterative and linear in the size of the request: schemas arrive thousands
@@ -13,151 +13,34 @@ have passed.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from corral.api.errors import ApiError
+from corral.api.schema_stats import SchemaStats, json_pointer, schema_stats, text_bytes
 
 if TYPE_CHECKING:
     from corral.api.config import ServerConfig
     from corral.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
     from corral.api.response_formats import ResponseFormat
+    from corral.api.schema_forms import SchemaForms
 
 TOO_COMPLEX = "constraint_too_complex"
 
-# Schema keywords whose value is a map of subschemas, a list of them, or one subschema; the
-# values of any other keyword (enum, const, default, examples, unknown ones) are data.
-_SCHEMA_MAPS = frozenset(
-    ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-)
-_SCHEMA_LISTS = frozenset(("allOf", "anyOf", "oneOf", "prefixItems", "items"))
-_SCHEMA_ONE = frozenset(
-    ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-     "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema")
-)  # fmt: skip
-_SCALAR_BYTES = {True: 4, False: 5, None: 4}
-_CONTAINERS = (dict, list)
 
-
-# -- schema statistics --------------------------------------------------------------------------
-
-
-@dataclass
-class SchemaStats:
-    """Size measures of one JSON schema document (or of several, summed).
-
-    ``size``: bytes of the document as compact JSON text; ``depth``: deepest nesting of JSON
-    objects and arrays (the root object is 1), reached along ``deepest`` (a path);
-    ``properties``: members of every ``properties`` map; ``enum_values``: items of every
-    ``enum``."""
-
-    size: int = 0
-    depth: int = 0
-    deepest: tuple[str | int, ...] = ()
-    properties: int = 0
-    enum_values: int = 0
-
-
-_DATA, _SCHEMA, _SCHEMA_MAP = 0, 1, 2  # what a node of a schema document is
-#: A container on the walk's stack: (node, depth, role, the parent's entry, the key in it).
-_Entry = tuple[Any, int, int, "_Entry | None", "str | int | None"]
-
-
-def schema_stats(schema: Any) -> SchemaStats:
-    """Measure a schema in one iterative pass (no recursion, O(size)).
-
-    It runs on every constrained request, so it is written for speed: only containers go on the
-    stack, each with its parent's entry and its key (the path to the deepest one is rebuilt at
-    the end, not copied for every container), and ASCII text is measured by ``len``."""
-    stats = SchemaStats(size=_scalar_bytes(schema))
-    if not isinstance(schema, _CONTAINERS):
-        return stats
-    root: _Entry = (schema, 1, _SCHEMA, None, None)
-    stack, deepest = [root], root
-    size = 0
-    while stack:
-        entry = stack.pop()
-        node, depth, role = entry[0], entry[1], entry[2]
-        if depth > stats.depth:
-            stats.depth, deepest = depth, entry
-        if isinstance(node, dict):
-            size += 1 + 2 * len(node) if node else 2  # braces, colons, commas
-            for key, value in node.items():
-                size += (len(key) if key.isascii() else _text_bytes(key)) + 2
-                if isinstance(value, _CONTAINERS):
-                    child = _child_role(stats, role, key, value)
-                    stack.append((value, depth + 1, child, entry, key))
-                elif isinstance(value, str) and value.isascii():
-                    size += len(value) + 2
-                else:
-                    size += _scalar_bytes(value)
-        else:
-            size += 1 + len(node) if node else 2  # brackets, commas
-            for i, value in enumerate(node):
-                if isinstance(value, _CONTAINERS):
-                    stack.append((value, depth + 1, role, entry, i))
-                elif isinstance(value, str) and value.isascii():
-                    size += len(value) + 2
-                else:
-                    size += _scalar_bytes(value)
-    stats.size += size
-    path: list[str | int] = []
-    while deepest[3] is not None:
-        path.append(deepest[4])
-        deepest = deepest[3]
-    stats.deepest = tuple(reversed(path))
-    return stats
-
-
-def _scalar_bytes(value: Any) -> int:
-    """Bytes of a JSON scalar as text (0 for a container: the walk counts those)."""
-    if isinstance(value, str):
-        return _text_bytes(value) + 2
-    if isinstance(value, bool) or value is None:
-        return _SCALAR_BYTES[value]
-    if isinstance(value, int | float):
-        return len(repr(value))
-    return 0
-
-
-def _child_role(stats: SchemaStats, role: int, key: str, value: Any) -> int:
-    """What the value of member ``key`` of a node with ``role`` is; counts properties and enums."""
-    if role == _SCHEMA_MAP:
-        return _SCHEMA
-    if role == _DATA:
-        return _DATA
-    if key in _SCHEMA_MAPS and isinstance(value, dict):
-        if key == "properties":
-            stats.properties += len(value)
-        return _SCHEMA_MAP
-    if key == "enum" and isinstance(value, list):
-        stats.enum_values += len(value)
-        return _DATA
-    return _SCHEMA if key in _SCHEMA_LISTS or key in _SCHEMA_ONE else _DATA
-
-
-def _text_bytes(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def _pointer(path: tuple[str | int, ...]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
-
-
-# -- the checks ---------------------------------------------------------------------------------
-
-
-def check_limits(req: ChatCompletionRequest | CompletionRequest, config: ServerConfig) -> None:
+def check_limits(
+    req: ChatCompletionRequest | CompletionRequest, config: ServerConfig, forms: SchemaForms
+) -> None:
     """Raise the 400 for the first limit ``req`` exceeds: the number of tools, then the size,
     depth, properties and enum values of each constraint (``n`` is ``check_n``'s, with the
-    other sampling parameters).
+    other sampling parameters). A json_schema's stats are measured once per form, remembered
+    in the server's ``forms``.
 
     ``req`` is a parsed chat or completions request whose constraint extensions are already
     folded into ``response_format`` (see ``protocol``). Run it before planning tools or
     compiling anything: it is O(size of the request) and never recurses."""
     tools = getattr(req, "tools", None) or []
     check_count("tools", len(tools), config.max_tools, "tools", "max_tools", "--max-tools")
-    for param, stats in _constraint_stats(req.response_format, tools):
+    for param, stats in _constraint_stats(req.response_format, tools, forms):
         _check_stats(param, stats, config)
 
 
@@ -180,21 +63,19 @@ def check_count(param: str, value: int, bound: int, what: str, limit: str, flag:
 
 
 def _constraint_stats(
-    fmt: ResponseFormat | None, tools: list[Tool]
+    fmt: ResponseFormat | None, tools: list[Tool], forms: SchemaForms
 ) -> Iterator[tuple[str, SchemaStats]]:
     """(param, stats) for the response format, then the tools' schemas as one running total
     (they compile into one constraint), yielded after each tool."""
     if fmt is not None:
         if fmt.type == "json_schema":
-            from corral.api.schema_forms import FORMS  # it imports this module
-
-            yield fmt.param, FORMS.stats(fmt.schema_form(), fmt.json_schema.schema_)
+            yield fmt.param, forms.stats(fmt.schema_form(), fmt.json_schema.schema_)
         elif fmt.type == "regex":
-            yield fmt.param, SchemaStats(size=_text_bytes(fmt.regex))
+            yield fmt.param, SchemaStats(size=text_bytes(fmt.regex))
         elif fmt.type == "grammar":
-            yield fmt.param, SchemaStats(size=_text_bytes(fmt.grammar))
+            yield fmt.param, SchemaStats(size=text_bytes(fmt.grammar))
         elif fmt.type == "choice":
-            size = sum(_text_bytes(c) + 3 for c in fmt.choice)  # quotes and a comma each
+            size = sum(text_bytes(c) + 3 for c in fmt.choice)  # quotes and a comma each
             yield fmt.param, SchemaStats(size=size, enum_values=len(fmt.choice))
         elif fmt.type == "structural_tag":  # its schemas and strings, as one document
             tag = {"structures": fmt.structures, "triggers": fmt.triggers, "sep": fmt.separator}
@@ -223,7 +104,7 @@ def _check_stats(param: str, stats: SchemaStats, config: ServerConfig) -> None:
     for value, bound, limit, flag, what in checks:
         if value > bound:
             # for depth: where the document first goes past the bound, on its deepest path
-            pointer = _pointer(stats.deepest[:bound]) if limit == "max_schema_depth" else None
+            pointer = json_pointer(stats.deepest[:bound]) if limit == "max_schema_depth" else None
             summed = param.startswith("tools[") and limit != "max_schema_depth"
             together = " (the tools' schemas together)" if summed else ""
             raise ApiError(

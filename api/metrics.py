@@ -15,8 +15,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from corral.api.schema_forms import FORMS
-
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
@@ -28,8 +26,13 @@ class ServerMetrics:
     """The metrics one server exposes at ``/metrics``."""
 
     def __init__(
-        self, engine_stats: StatsFn, compile_stats: StatsFn, admission_stats: StatsFn
+        self,
+        engine_stats: StatsFn,
+        compile_stats: StatsFn,
+        admission_stats: StatsFn,
+        forms_stats: StatsFn,
     ) -> None:
+        """``forms_stats``: the server's schema forms by source (``SchemaForms.snapshot``)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -78,7 +81,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        r.register(_StatsCollector(engine_stats, compile_stats, admission_stats))
+        r.register(_StatsCollector(engine_stats, compile_stats, admission_stats, forms_stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -87,8 +90,11 @@ class ServerMetrics:
 class _StatsCollector(Collector):
     """Gauges and counters read from the engine and the compile service when scraped."""
 
-    def __init__(self, engine: StatsFn, compiles: StatsFn, admission: StatsFn) -> None:
+    def __init__(
+        self, engine: StatsFn, compiles: StatsFn, admission: StatsFn, forms: StatsFn
+    ) -> None:
         self._engine, self._compiles, self._admission = engine, compiles, admission
+        self._forms = forms
 
     def describe(self) -> list:
         return []  # dynamic: describe nothing, so registration does not call collect()
@@ -102,7 +108,7 @@ class _StatsCollector(Collector):
             "remembered from an earlier request, or seeded by another replica's published entry",
             labels=["source"],
         )
-        for source, n in FORMS.counts.items():
+        for source, n in self._forms().items():
             forms.add_metric([source], float(n))
         yield forms
         yield GaugeMetricFamily(

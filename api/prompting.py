@@ -22,7 +22,7 @@ from corral.api.protocol import (
 )
 from corral.api.tool_formats import ToolFormat, choose_format
 from corral.api.tools import ToolPlan, call_arguments, history_text
-from corral.grammar.input_checks import lone_surrogate_at
+from corral.grammar.core.input_checks import lone_surrogate_at
 
 _PROBE_TOOL = {
     "type": "function",

@@ -10,7 +10,7 @@ The constraint dialects of vLLM (``guided_*``, ``structured_outputs``) and SGLan
 ``json_schema``, ``ebnf``) are folded into ``response_format`` while parsing, so one function
 (``response_formats.format_spec``) turns any of them into a ConstraintSpec; the folded format
 remembers the field it came from (``param``) for error messages. Two constraints in one request
-are a 400. See the README's "Extensions" for what each field means.
+are a 400. See docs/serving.md, "Extensions (beyond OpenAI)", for what each field means.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from corral.api.response_formats import (
     fold_constraint,
     request_error,
 )
-from corral.grammar.input_checks import lone_surrogate_path
+from corral.grammar.core.input_checks import lone_surrogate_path
 
 # The response formats are defined with the rest of the constraint logic; they are part of
 # the request bodies too, so they can be imported from here.

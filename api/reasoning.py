@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.engine.core import ReasoningBudget
+from corral.engine.serving.core import ReasoningBudget
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from corral.api.engine_call import compile_for
 from corral.api.errors import ApiError
 from corral.api.responses import Receipt, Rewrite, Unenforced
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
-from corral.grammar.compiled import FORMAT_VERSION
+from corral.grammar.core.compiled import FORMAT_VERSION
 from corral.schema_cache.disk import STORE_VERSION
 from corral.schema_cache.entries import entry_key
 

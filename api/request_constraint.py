@@ -7,7 +7,8 @@ constraint validated or warmed ahead of traffic is the one a request compiles: s
 digest, the same cache entry.
 
 Both functions check the request limits and analyse schemas (O(size of the request)): call them
-off the event loop.
+off the event loop. They take the server's schema forms (``ServerState.forms``), where a
+schema's stats and spec are remembered by its form.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec
 if TYPE_CHECKING:
     from corral.api.config import ServerConfig
     from corral.api.protocol import ChatCompletionRequest, CompletionRequest
+    from corral.api.schema_forms import SchemaForms
     from corral.api.tool_formats import ToolFormat
 
 
@@ -47,16 +49,16 @@ def reasoning_format(config: ServerConfig) -> ReasoningFormat | None:
 
 
 def chat_constraint(
-    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat
+    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat, forms: SchemaForms
 ) -> tuple[ToolPlan, Constraint | None]:
     """The tool plan of a chat request and the constraint of its output (None: free text).
 
     The tools' structural tag or the response format, within the request limits, after the
     think block of a reasoning model (never dropped for it). Raises the request's 400."""
-    check_limits(req, config)
+    check_limits(req, config, forms)
     closed = wants_closed_objects(req.open_objects, config.open_objects)
     plan = plan_tools(req, closed, tool_format)
-    fmt = format_spec(req.response_format, closed)
+    fmt = format_spec(req.response_format, forms, closed)
     if plan.mode == "auto" and fmt is not None:
         raise bad_request(
             "response_format other than text cannot be combined with tool_choice 'auto'; "
@@ -73,11 +75,11 @@ def chat_constraint(
 
 
 def required_constraint(
-    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat
+    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat, forms: SchemaForms
 ) -> Constraint:
     """:func:`chat_constraint` of a body sent to be compiled (the constraint endpoints, cache
     warming): a 400 when it does not constrain the output."""
-    _, constraint = chat_constraint(req, config, tool_format)
+    _, constraint = chat_constraint(req, config, tool_format, forms)
     if constraint is None:
         raise bad_request(
             "the request has no constraint: send a response_format other than text, "
@@ -87,12 +89,14 @@ def required_constraint(
     return constraint
 
 
-def completion_constraint(req: CompletionRequest, config: ServerConfig) -> Constraint | None:
+def completion_constraint(
+    req: CompletionRequest, config: ServerConfig, forms: SchemaForms
+) -> Constraint | None:
     """The constraint of a completions request (None: free text); raises the request's 400.
     A raw prompt has no think block: the constraint applies from the first token."""
-    check_limits(req, config)
+    check_limits(req, config, forms)
     closed = wants_closed_objects(req.open_objects, config.open_objects)
-    fmt = format_spec(req.response_format, closed)
+    fmt = format_spec(req.response_format, forms, closed)
     return _format_constraint(fmt) if fmt is not None else None
 
 

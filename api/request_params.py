@@ -9,7 +9,6 @@ that many tokens), ``ignore_eos``, ``stop_token_ids`` and ``skip_special_tokens`
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 from typing import Any
 
 from corral.api.errors import bad_request, model_not_found
@@ -17,11 +16,8 @@ from corral.api.limits import check_n
 from corral.api.protocol import ChatCompletionRequest
 from corral.api.responses import Usage
 from corral.api.state import ServerState
-from corral.engine.core import BudgetReport, RequestError, SamplingParams
+from corral.engine.serving.core import BudgetReport, RequestError, SamplingParams
 from corral.grammar import ConstraintSpec
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.spec import ConstraintKind
-from corral.grammar.tag_close import TagCloser
 
 
 def check_model(state: ServerState, model: str) -> None:
@@ -121,34 +117,18 @@ def _extensions(state: ServerState, req: Any, budget: int) -> dict[str, Any]:
     }
 
 
-def with_budget_close(params: SamplingParams, req: Any, spec: ConstraintSpec | None):
+def with_budget_close(
+    state: ServerState, params: SamplingParams, req: Any, spec: ConstraintSpec | None
+) -> SamplingParams:
     """`params` with budget closing (`engine.budget_close`) for a json_schema / json_object
     constraint and for tool calls / structural tags (`grammar.tag_close`), unless the request
-    opted out (``"budget_close": false``). Not after a reasoning block. Runs the schema
-    analysis: call it off the event loop."""
-    if not req.budget_close or spec is None or not _closes(spec):
+    opted out (``"budget_close": false``). Not after a reasoning block. The closer is the
+    server's (``state.runtime``: one per constraint, built once); building it runs the schema
+    analysis: call this off the event loop."""
+    if not req.budget_close or spec is None:
         return params
-    return replace(params, budget_close=_closer(spec))
-
-
-def prepare_budget_close(spec: ConstraintSpec) -> None:
-    """Build ``spec``'s closer before a request needs it (a prefetched constraint)."""
-    if _closes(spec):
-        _closer(spec)
-
-
-def _closes(spec: ConstraintSpec) -> bool:
-    kinds = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT, ConstraintKind.STRUCTURAL_TAG)
-    return spec.kind in kinds and not spec.reasoning
-
-
-@lru_cache(maxsize=256)
-def _closer(spec: ConstraintSpec) -> JsonCloser | TagCloser:
-    if spec.kind is ConstraintKind.STRUCTURAL_TAG:
-        return TagCloser.for_spec(spec)  # its shortest calls are found as it is built
-    closer = JsonCloser.for_spec(spec)
-    closer.shortest(closer.root)  # filled here, off the engine's step loop
-    return closer
+    close = state.runtime.budget_close(spec)
+    return params if close is None else replace(params, budget_close=close)
 
 
 def budget_json(report: BudgetReport | None) -> dict[str, Any] | None:

@@ -28,9 +28,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from corral.api.errors import ApiError, constraint_error
 from corral.api.responses import Unenforced
-from corral.api.schema_forms import FORMS, form_of
+from corral.api.schema_forms import SchemaForms, form_of
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, JsonFormat
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 
 if TYPE_CHECKING:
     from corral.schema_cache.entries import Lookup
@@ -308,18 +308,21 @@ def wants_closed_objects(open_objects: bool | None, server_default_open: bool) -
     return not (server_default_open if open_objects is None else open_objects)
 
 
-def format_spec(fmt: ResponseFormat | None, closed: bool = True) -> FormatSpec | None:
+def format_spec(
+    fmt: ResponseFormat | None, forms: SchemaForms, closed: bool = True
+) -> FormatSpec | None:
     """The constraint a (folded) response format asks for; None for plain text. Raises a 400.
 
+    ``forms``: the server's schema forms (a json_schema's spec is derived once per form).
     ``closed``: generate only the declared properties of objects whose schema is silent about
     extra keys (a narrowing: the output is still valid against the schema as sent)."""
     try:
-        return _format_spec(fmt, closed)
+        return _format_spec(fmt, forms, closed)
     except ConstraintError as e:
         raise constraint_error(e, fmt.param if fmt is not None else "response_format") from e
 
 
-def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
+def _format_spec(fmt: ResponseFormat | None, forms: SchemaForms, closed: bool) -> FormatSpec | None:
     if fmt is None or isinstance(fmt, TextFormat):
         return None
     layout = JsonFormat(flexible=True) if fmt._flexible_json else None
@@ -329,13 +332,13 @@ def _format_spec(fmt: ResponseFormat | None, closed: bool) -> FormatSpec | None:
         strict = fmt.json_schema.strict is not False  # absent means strict: fail closed
         closing = closed or fmt._force_closed
         key = (fmt.schema_form(), strict, closing, layout is not None)
-        found = FORMS.spec(key)  # derived before, here or (seeded) on another replica
+        found = forms.spec(key)  # derived before, here or (seeded) on another replica
         if found is None:
             sent = fmt.json_schema.schema_
             schema = close_objects(sent) if closing else sent
             spec = ConstraintSpec.json_schema(schema, strict=strict, json_format=layout)
             found = spec, schema != sent
-            FORMS.remember(key, *found)
+            forms.remember(key, *found)
         return FormatSpec(found[0], fmt.param, found[1])
     if isinstance(fmt, RegexFormat):
         return FormatSpec(ConstraintSpec.regex(fmt.regex), fmt.param)

@@ -4,7 +4,7 @@ Every ``json_schema`` response format is measured against the request limits
 (``limits.schema_stats``), has its objects closed (``grammar.schema_close``) and is canonicalised
 into a ``ConstraintSpec``: about 7 ms per 100 kB of schema before the cache lookup, on every
 request, hit or miss. All three are pure functions of the schema as sent and of the flags that
-shape it (strict, closed objects, whitespace layout), so a process remembers them by the
+shape it (strict, closed objects, whitespace layout), so a server remembers them by the
 schema's *form*: the sha256 of its JSON text as ``json.dumps`` writes it (about 0.7 ms per
 100 kB). A form with other key order or spacing is another form, derived again: never wrong,
 only slower.
@@ -17,6 +17,11 @@ for the spec digest it was announced with, and only in the shape ``describe`` wr
 
 Bounded: at most ``MAX_BYTES`` of spec text (least recently used first out); the limits and
 the derivation never run on a form twice while it is remembered.
+
+Owned: a server's ``SchemaForms`` is its ``ServerState.forms``, passed to the request path
+(``request_constraint``, ``limits``, ``response_formats``), to its compile service's publish
+and prefetch hooks and to its metrics; never a module global, so two servers in one process
+(replicas, tests) keep their own.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections import OrderedDict
 from dataclasses import astuple
 from typing import Any
 
-from corral.api.limits import SchemaStats, schema_stats
+from corral.api.schema_stats import SchemaStats, schema_stats
 from corral.grammar import ConstraintSpec
 
 MAX_BYTES = 64 << 20  # spec text remembered, all forms together
@@ -58,7 +63,12 @@ class SchemaForms:
         self._stats: dict[str, SchemaStats] = {}
         self._specs: OrderedDict[SpecKey, tuple[ConstraintSpec, bool]] = OrderedDict()
         self._bytes = 0
-        self.counts = {"derived": 0, "remembered": 0, "seeded": 0}
+        self.counts = {"derived": 0, "remembered": 0, "seeded": 0}  # written under the lock
+
+    def snapshot(self) -> dict[str, int]:
+        """``counts`` as of now (the metrics read them)."""
+        with self._lock:
+            return dict(self.counts)
 
     def stats(self, form: str | None, schema: dict[str, Any] | bool) -> SchemaStats:
         """``schema_stats(schema)``, measured once per remembered form (every time without one)."""
@@ -147,7 +157,3 @@ def _parse_form(item: Any) -> tuple[SpecKey, bool, SchemaStats] | None:
         return None
     stats = SchemaStats(size, depth, tuple(deepest), props, enums)
     return (form, strict, closed, flexible), narrowed, stats
-
-
-#: This process's forms: the request path and the compile service's publish and prefetch.
-FORMS = SchemaForms()

@@ -22,12 +22,12 @@ def build_state(config: ServerConfig) -> ServerState:
     import torch
 
     torch.set_num_threads(1)
-    from corral.api.request_params import prepare_budget_close
-    from corral.api.schema_forms import FORMS
-    from corral.engine.assets import load_model
-    from corral.engine.async_engine import AsyncEngine
+    from corral.api.schema_forms import SchemaForms
+    from corral.base.paths import constraints_root
+    from corral.engine.loading.assets import load_model
+    from corral.engine.serving.async_engine import AsyncEngine
     from corral.grammar import ConstraintSpec, TokenizerInfo
-    from corral.paths import constraints_root
+    from corral.grammar.core.runtime import ConstraintRuntime
     from corral.schema_cache import CacheConfig, CompileService
 
     model = load_model(
@@ -40,6 +40,8 @@ def build_state(config: ServerConfig) -> ServerState:
     tok = TokenizerInfo.from_hf(
         model.tokenizer, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids
     )
+    # This server's own state: the constraint runtime of its tokenizer and its schema forms.
+    runtime, forms = ConstraintRuntime(tok), SchemaForms()
     # Workers for the risky compiles start in the background now, so the first such
     # constraint does not wait for one.
     cache = CacheConfig(
@@ -52,10 +54,10 @@ def build_state(config: ServerConfig) -> ServerState:
     )
 
     def prepare(spec: ConstraintSpec, published: dict) -> None:  # a prefetched constraint
-        prepare_budget_close(spec)
-        FORMS.seed(spec, published)
+        runtime.budget_close(spec)  # its closer built before a request needs it
+        forms.seed(spec, published)
 
-    compiler = CompileService(tok, cache, prepare=prepare, describe=FORMS.describe)
+    compiler = CompileService(tok, cache, prepare=prepare, describe=forms.describe)
     engine = AsyncEngine(
         model,
         config.engine_config(),
@@ -71,6 +73,8 @@ def build_state(config: ServerConfig) -> ServerState:
         engine=engine,
         compile_fn=compiler.alookup,
         compile_stats=compiler.stats,
+        runtime=runtime,
+        forms=forms,
         created=int(time.time()),
         chat_template=model.chat_template,
         degraded=compiler.degraded,
@@ -95,7 +99,7 @@ def serve(config: ServerConfig) -> int:
     import uvicorn
 
     from corral.api.app import create_app
-    from corral.heap import freeze_startup_heap
+    from corral.base.heap import freeze_startup_heap
 
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -108,7 +112,7 @@ def serve(config: ServerConfig) -> int:
     )
     state = build_state(config)
     app = create_app(state)
-    freeze_startup_heap()  # no full collection walks what start-up loaded (corral/heap.py)
+    freeze_startup_heap()  # no full collection walks what start-up loaded (base/heap.py)
     app.state.on_ready = lambda: print(
         startup_line(state) + f" — ready in {time.monotonic() - t0:.1f}s", flush=True
     )

@@ -50,7 +50,7 @@ from corral.api.responses import (
 from corral.api.state import ServerState
 from corral.api.tool_stream import Piece
 from corral.api.tools import ToolPlan
-from corral.engine.core import ReasoningBudget
+from corral.engine.serving.core import ReasoningBudget
 
 ENDPOINT = "chat.completions"
 
@@ -77,7 +77,9 @@ async def prepare_chat(
     Schema analysis, rendering and tokenizing run on threads (never on the event loop); the
     compile is abandoned if the client disconnects meanwhile."""
     tool_format = state.formatter.tool_format
-    plan, constraint = await asyncio.to_thread(chat_constraint, req, state.config, tool_format)
+    plan, constraint = await asyncio.to_thread(
+        chat_constraint, req, state.config, tool_format, state.forms
+    )
     limit = min(state.context_length, state.kv_capacity)
     prompt_ids = await asyncio.to_thread(state.formatter.prompt_ids, req, plan, limit)
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
@@ -91,7 +93,7 @@ async def prepare_chat(
     if constraint is None:
         return PreparedChat(prompt_ids, params, None, plan, None, reasoning)
     done = await enforce(state, request, constraint)
-    params = await asyncio.to_thread(with_budget_close, params, req, constraint.spec)
+    params = await asyncio.to_thread(with_budget_close, state, params, req, constraint.spec)
     return PreparedChat(
         prompt_ids, params, done.compiled, plan, done.unenforced, reasoning, done.receipt
     )

@@ -94,12 +94,13 @@ async def _prepare(
 ) -> _Job:
     """Tokenize and analyse off the event loop, compile (abandoned if the client leaves)."""
     prompts = await asyncio.to_thread(prompt_ids_list, state, req.prompt)
-    constraint = await asyncio.to_thread(completion_constraint, req, state.config)
+    constraint = await asyncio.to_thread(completion_constraint, req, state.config, state.forms)
     params = [sampling_params(state, req, len(p), req.max_tokens, req.stop_list()) for p in prompts]
     done = await enforce(state, request, constraint) if constraint is not None else None
     if constraint is not None:
         params = [
-            await asyncio.to_thread(with_budget_close, sp, req, constraint.spec) for sp in params
+            await asyncio.to_thread(with_budget_close, state, sp, req, constraint.spec)
+            for sp in params
         ]
     compiled = done.compiled if done is not None else None
     calls = [

@@ -46,6 +46,8 @@ async def constraint_receipt(
         check_model(state, req.model)
     with state.admission.slot():
         tool_format = state.formatter.tool_format
-        constraint = await asyncio.to_thread(required_constraint, req, state.config, tool_format)
+        constraint = await asyncio.to_thread(
+            required_constraint, req, state.config, tool_format, state.forms
+        )
         done = await enforce(state, request, constraint)
     return ApiJSONResponse(dump(ConstraintReceipt(corral=done.receipt)))

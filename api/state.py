@@ -1,4 +1,10 @@
-"""ServerState: everything a running server holds (kept in ``app.state``, never in a global)."""
+"""ServerState: everything a running server holds (kept in ``app.state``, never in a global).
+
+What the server remembers across requests is owned here: its constraint runtime (``runtime``:
+the tokenizer's token bytes and indexes, the budget closers) and its schema forms (``forms``).
+Handlers reach them through the state they are given; two servers in one process (fleet
+replicas, tests) share none of it.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ from corral.api.errors import queue_full
 from corral.api.metrics import ServerMetrics, StatsFn
 from corral.api.prompting import ChatFormatter
 from corral.api.response_formats import CompileFn
+from corral.api.schema_forms import SchemaForms
+from corral.grammar.core.runtime import ConstraintRuntime
 
 
 class Admission:
@@ -60,7 +68,9 @@ class ServerState:
     ``engine`` is a started-on-lifespan ``AsyncEngine``; ``compile_fn`` awaits a compiled
     constraint's ``Lookup`` (raising ``ConstraintError``); ``degraded`` names the parts that do not work
     now though the server still serves (``/health``: a Redis cache tier that is down). Prompt + max_tokens must fit both the model's
-    ``context_length`` and the KV cache's ``kv_capacity`` (tokens).
+    ``context_length`` and the KV cache's ``kv_capacity`` (tokens). ``runtime`` is the
+    constraint runtime of the served tokenizer (its ``tokenizer.hf_tokenizer`` is
+    ``tokenizer``); ``forms`` the schema forms this server derived or was seeded with.
     """
 
     config: ServerConfig
@@ -71,6 +81,8 @@ class ServerState:
     engine: Any
     compile_fn: CompileFn
     compile_stats: StatsFn
+    runtime: ConstraintRuntime
+    forms: SchemaForms = field(default_factory=SchemaForms)
     formatter: ChatFormatter = field(init=False)
     admission: Admission = field(init=False)
     metrics: ServerMetrics = field(init=False)
@@ -84,4 +96,6 @@ class ServerState:
             self.tokenizer, self.chat_template, self.config.tool_call_format
         )
         self.admission = Admission(self.config.max_concurrent, self.config.queue_limit)
-        self.metrics = ServerMetrics(self.engine.stats, self.compile_stats, self.admission.stats)
+        self.metrics = ServerMetrics(
+            self.engine.stats, self.compile_stats, self.admission.stats, self.forms.snapshot
+        )

@@ -32,7 +32,7 @@ from corral.api.responses import Unenforced
 from corral.api.tool_formats import GENERIC, ToolFormat
 from corral.api.tool_stream import CallScanner
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 
 #: Tool-call JSON is laid out like ``json.dumps`` (", " and ": "), as in the prompt and history.
 TOOL_JSON_FORMAT = JsonFormat.python_default()

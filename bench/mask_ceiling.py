@@ -44,13 +44,13 @@ from bench.provenance import header
 from corral.fuzz.targets import CorralTarget, Refused, format_config, make_target
 from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import TokenizerInfo
-from corral.grammar import backend_xgrammar as xgr
-from corral.grammar.schema_facts import ANNOTATIONS
-from corral.grammar.walk import accepts
+from corral.grammar.backends import xgr as xgr
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.facts import ANNOTATIONS
 
 XGRAMMAR = "xgrammar-strict"  # the xgrammar target measured, configured as in MaskBench
 #: Keywords taken to be enforced exactly by xgrammar (with a filter for its string bugs, see
-#: FUZZING.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
+#: docs/fuzzing.md). Deliberately narrow: `pattern`, `format`, lengths and bounds are left out.
 XGRAMMAR_EXACT = ANNOTATIONS | {
     "type",
     "properties",

@@ -10,7 +10,7 @@ Engines, side by side in one run: Corral with a cold cache, Corral warm (new pro
 the disk cache the cold run wrote), raw llguidance and raw xgrammar in its strict mode (the fuzz
 targets of the same names, configured once in ``corral.fuzz.targets``; the report prints every
 engine's configuration). Each engine runs in its own worker process (one core each, supervised
-by ``corral.supervisor``); a schema that runs past ``--timeout`` or crashes its worker is
+by ``corral.base.supervisor``); a schema that runs past ``--timeout`` or crashes its worker is
 counted, the worker replaced, and the run goes on.
 
 Besides each engine's own figures, the report compares the engines over the same work: the
@@ -38,8 +38,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 from bench.maskbench_engines import CORRAL_CACHED, engine_config  # noqa: E402
 from bench.maskbench_report import common_figures, print_report, summarize  # noqa: E402
 from bench.provenance import header  # noqa: E402
+from corral.base.supervisor import DeadlineExceeded, Worker, WorkerFailed  # noqa: E402
 from corral.fuzz.targets import check_target_name  # noqa: E402
-from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed  # noqa: E402
 
 DEFAULT_CORPUS = BENCH_DIR.parents[1] / "shared" / "corpora" / "maskbench"
 ALL_ENGINES = ["corral-cold", "corral-warm", "llguidance", "xgrammar-strict"]

@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from corral.base.heap import freeze_startup_heap
+from corral.base.supervisor import child_channel
 from corral.fuzz.targets import CorralTarget, Refused, Target, make_target, target_config
 from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import TokenizerInfo
-from corral.grammar.walk import check_instances
-from corral.heap import freeze_startup_heap
-from corral.supervisor import child_channel
+from corral.grammar.core.walk import check_instances
 
 CORRAL_CACHED = ("corral-cold", "corral-warm")
 

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from corral.fuzz.targets import make_target
     from corral.fuzz.tokenizers import llama3_tokenizer
-    from corral.grammar.walk import token_allowed
+    from corral.grammar.core.walk import token_allowed
 
     results = json.loads(args.report.read_text())["results"][args.engine]
     files = [r["file"] for r in results if r["status"] == "ok" and r["false_reject"]]

@@ -49,12 +49,12 @@ import torch
 import xgrammar
 
 from bench.provenance import header
-from corral.engine.config import EngineConfig, available_cores
-from corral.engine.core import SamplingParams, Sequence
-from corral.engine.grammar_masks import MaskFiller, MaskJob
+from corral.engine.constrained.masks import MaskFiller, MaskJob
+from corral.engine.serving.config import EngineConfig, available_cores
+from corral.engine.serving.core import SamplingParams, Sequence
 from corral.fuzz.targets import FORMAT, Refused, compile_xgrammar_schema, make_target
 from corral.fuzz.tokenizers import llama3_tokenizer
-from corral.grammar import backend_llguidance as llg
+from corral.grammar.backends import llg as llg
 
 BENCH_DIR = Path(__file__).resolve().parent
 

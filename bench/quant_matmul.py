@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 
 from bench.provenance import header
-from corral.engine.matmul import pack_weight, packed_linear
-from corral.engine.quant import GROUP, Int4Weight, Int8Weight, int4_linear, int8_linear
+from corral.engine.kernels.matmul import pack_weight, packed_linear
+from corral.engine.kernels.quant import GROUP, Int4Weight, Int8Weight, int4_linear, int8_linear
 
 SHAPES = {  # name: (out_features N, in_features K)
     "smollm2 qkv": (960, 576),

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from bench.provenance import header
-from corral.engine.assets import default_gguf_path, load_model
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.loading.assets import default_gguf_path, load_model
 
 PROMPTS = (
     "Give me a JSON object describing a cat.",
@@ -31,9 +31,9 @@ PROMPTS = (
 )
 _MEMORY = """
 import gc, json, sys, time, torch
-from corral.engine.assets import ensure_converted
-from corral.engine.model_config import ModelConfig
-from corral.engine.gguf_weights import load_gguf_quantized
+from corral.engine.loading.assets import ensure_converted
+from corral.engine.execution.model_config import ModelConfig
+from corral.engine.loading.gguf_weights import load_gguf_quantized
 def status(key):
     return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 path = sys.argv[1]
@@ -41,7 +41,7 @@ config = ModelConfig.from_folder(ensure_converted(path, None, weights=False))
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
-from corral.engine.quant import int4_from_gguf, int4_linear
+from corral.engine.kernels.quant import int4_from_gguf, int4_linear
 # Page in the kernels' code once (a fixed cost of the process, not of the model).
 w = int4_from_gguf(quantize(np.ones((32, 64), dtype=np.float32), QT.Q4_1), QT.Q4_1)
 int4_linear(torch.zeros(1, 64), w, None)

@@ -93,7 +93,7 @@ def _add_tokenizer_choice(warm: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, **overrides: object):
-    from corral.paths import constraints_root
+    from corral.base.paths import constraints_root
     from corral.schema_cache import CacheConfig
 
     overrides["root"] = constraints_root(args.cache_dir)
@@ -165,8 +165,8 @@ def _served_tokenizer(model: str | None, cache_dir: Path | None = None) -> Token
     A ``.gguf`` model (the default one included) has its config and tokenizer written into the
     model cache first, once, as the server does (no weights: it reads those from the GGUF).
     """
-    from corral.engine.assets import load_tokenizer, resolve_model_folder
-    from corral.engine.model_config import ModelConfig
+    from corral.engine.execution.model_config import ModelConfig
+    from corral.engine.loading.assets import load_tokenizer, resolve_model_folder
     from corral.grammar import TokenizerInfo
 
     folder = resolve_model_folder(model, cache_dir, weights=False)

@@ -43,13 +43,16 @@ def local_compiler(service: CompileService, config: ServerConfig, strict: bool) 
     from corral.api.errors import ApiError
     from corral.api.protocol import ConstraintRequest
     from corral.api.request_constraint import required_constraint
+    from corral.api.schema_forms import SchemaForms
     from corral.api.tool_formats import GENERIC
     from corral.grammar import ConstraintError
+
+    forms = SchemaForms()  # this warm run's, as a server's are its own
 
     def compile_one(schema: dict | bool) -> str:
         try:
             req = ConstraintRequest.model_validate(warm_body(schema, strict))
-            constraint = required_constraint(req, config, GENERIC)  # no tools: format unused
+            constraint = required_constraint(req, config, GENERIC, forms)  # no tools: format unused
         except ValidationError as e:
             raise Refused(e.errors()[0]["msg"]) from None
         except ApiError as e:

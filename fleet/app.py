@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.api.config import ServerConfig
-from corral.engine.config import available_cores
+from corral.engine.serving.config import available_cores
 from corral.fleet.affinity import Policy
 
 log = logging.getLogger("corral.fleet")

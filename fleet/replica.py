@@ -36,12 +36,12 @@ class Replica:
 
         from corral.api.app import create_app
         from corral.api.server import build_state, startup_line
-        from corral.heap import freeze_startup_heap
+        from corral.base.heap import freeze_startup_heap
 
         self.name = serve.get_replica_context().replica_id.unique_id
         self.state = build_state(config)
         self.app = create_app(self.state)
-        freeze_startup_heap()  # no full collection walks what start-up loaded (corral/heap.py)
+        freeze_startup_heap()  # no full collection walks what start-up loaded (base/heap.py)
         self._lifespan = LifespanOn(
             uvicorn.Config(self.app, lifespan="on", log_config=None, access_log=False)
         )

@@ -1,6 +1,6 @@
 """Worker processes that contain crashes and hangs of native engine code.
 
-Each worker (a :class:`corral.supervisor.Worker` running :mod:`corral.fuzz.worker`) fuzzes one
+Each worker (a :class:`corral.base.supervisor.Worker` running :mod:`corral.fuzz.worker`) fuzzes one
 case at a time. The pool waits at most ``stage_timeout`` seconds for the worker's next message;
 silence past that is a hang, a closed pipe is a crash. Either way the worker is killed and
 replaced, the stage it was in names the guilty target, and the case is run again without that
@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any
 
+from corral.base.supervisor import DeadlineExceeded, Worker, WorkerFailed
 from corral.fuzz import case as K
 from corral.fuzz.case import Case, CaseResult, TargetOutcome
 from corral.fuzz.judge import schema_keywords
 from corral.fuzz.worker import TokenizerSpec, WorkerSpec
-from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed
 
 STARTUP_TIMEOUT_S = 600.0  # building a 128K tokenizer's tables takes seconds on a busy machine
 ABORTED = "aborted"  # the note of a case stopped because the run's time was up

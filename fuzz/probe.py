@@ -25,8 +25,7 @@ class TokenView:
         self.tok = tok
         self.eos = frozenset(tok.eos_token_ids)
         self.n_real = tok.tokenizer_vocab_size
-        lt = tok.llguidance
-        self._bytes = [lt.decode_bytes([i]) for i in range(self.n_real)]
+        self._bytes = tok.token_bytes[: self.n_real]
         is_single = np.zeros(32 * tok.mask_words, dtype=bool)
         is_closing = np.zeros(32 * tok.mask_words, dtype=bool)
         for i, b in enumerate(self._bytes):

@@ -31,8 +31,8 @@ from corral.grammar import (
     TokenizerInfo,
     compile_constraint,
 )
-from corral.grammar import backend_llguidance as llg
-from corral.grammar import backend_xgrammar as xgr
+from corral.grammar.backends import llg as llg
+from corral.grammar.backends import xgr as xgr
 
 if TYPE_CHECKING:
     from corral.schema_cache import CompileService

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.grammar.tokenizer import TokenizerInfo
+from corral.grammar.core.tokenizer import TokenizerInfo
 
 LLAMA3_VOCAB_SIZE = 128256
 """Llama-3's logits width (the tokenizer itself defines fewer tokens)."""

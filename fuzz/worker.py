@@ -1,7 +1,7 @@
 """The worker process, ``python -P -m corral.fuzz.worker``: builds the tokenizer and the
 in-process targets once, then fuzzes cases.
 
-It talks to :mod:`corral.fuzz.pool` through :func:`corral.supervisor.child_channel`, in pickled
+It talks to :mod:`corral.fuzz.pool` through :func:`corral.base.supervisor.child_channel`, in pickled
 frames (both ends are this package): the :class:`WorkerSpec` comes first and the worker answers
 ``b"ready"``; then for each ``(case, target names, skip_draws)`` it sends ``("stage", name)``
 before every step that runs engine code and finally ``("done", CaseResult)`` (or ``("bug",
@@ -49,7 +49,7 @@ class WorkerSpec:
 
 def main() -> None:
     """Entry point of a worker process."""
-    from corral.supervisor import child_channel
+    from corral.base.supervisor import child_channel
 
     channel = child_channel()
     init = channel.recv()

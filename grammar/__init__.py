@@ -1,12 +1,13 @@
 """Constraints in, token masks out: specs, JSON-Schema analysis, backends and matchers."""
 
-from corral.grammar.compiled import CompiledConstraint, CorruptEntry, StaleEntry
-from corral.grammar.compiler import compile_constraint
-from corral.grammar.errors import CompileUnavailable, ConstraintError, Unenforced
-from corral.grammar.matcher import Matcher
-from corral.grammar.spec import ConstraintKind, ConstraintSpec, JsonFormat
-from corral.grammar.tokenizer import TokenizerInfo
-from corral.grammar.version import ANALYSIS_VERSION
+from corral.grammar.core.compiled import CompiledConstraint, CorruptEntry, StaleEntry
+from corral.grammar.core.compiler import compile_constraint
+from corral.grammar.core.errors import CompileUnavailable, ConstraintError, Unenforced
+from corral.grammar.core.mask_batch import MaskBatchFiller, fill_row
+from corral.grammar.core.matcher import Matcher
+from corral.grammar.core.spec import ConstraintKind, ConstraintSpec, JsonFormat
+from corral.grammar.core.tokenizer import TokenizerInfo
+from corral.grammar.core.version import ANALYSIS_VERSION
 
 __all__ = [
     "ANALYSIS_VERSION",
@@ -17,9 +18,11 @@ __all__ = [
     "ConstraintSpec",
     "CorruptEntry",
     "JsonFormat",
+    "MaskBatchFiller",
     "Matcher",
     "StaleEntry",
     "TokenizerInfo",
     "Unenforced",
     "compile_constraint",
+    "fill_row",
 ]

@@ -8,7 +8,7 @@ Names are imported on first use, so that ``corral cache stats|clear`` (which nee
 store) start without loading the grammar backends.
 """
 
-from corral.lazy import lazy_exports
+from corral.base.lazy import lazy_exports
 
 _EXPORTS = {
     "CacheConfig": "config",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corral.paths import constraints_root
+from corral.base.paths import constraints_root
 
 #: How compiles are isolated: ``thread`` (in process, fast), ``process`` (killable worker
 #: processes, always bounded) or ``auto`` (in process unless the constraint looks risky).
@@ -16,7 +16,7 @@ ISOLATION_MODES = ("auto", "thread", "process")
 class CacheConfig:
     """Bounds and policies of the compiled-constraint cache and the compile service.
 
-    ``root`` defaults to ``constraints/`` in Corral's cache folder (``corral.paths``).
+    ``root`` defaults to ``constraints/`` in Corral's cache folder (``corral.base.paths``).
     ``max_disk_bytes`` bounds every file under ``root`` (all tokenizers together); an entry
     larger than the whole budget is kept in memory only. ``max_memory_bytes`` bounds the
     in-process LRU by the estimated size of its entries (payload plus the backend's native

@@ -11,8 +11,8 @@ import hashlib
 from typing import NamedTuple
 
 from corral.grammar import CompiledConstraint
-from corral.grammar.compiled import FORMAT_VERSION
-from corral.grammar.version import ANALYSIS_VERSION
+from corral.grammar.core.compiled import FORMAT_VERSION
+from corral.grammar.core.version import ANALYSIS_VERSION
 from corral.schema_cache.disk import STORE_VERSION
 
 

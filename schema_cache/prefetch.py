@@ -33,8 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.grammar import CompiledConstraint, ConstraintSpec, TokenizerInfo
-from corral.grammar.probe import probe
-from corral.grammar.spec import ConstraintKind, JsonFormat
+from corral.grammar.backends.llg_probe import probe
+from corral.grammar.core.spec import ConstraintKind, JsonFormat
 from corral.schema_cache.redis_store import RedisStore
 from corral.schema_cache.stats import CacheStats
 

@@ -50,7 +50,7 @@ from corral.grammar import (
     CorruptEntry,
     TokenizerInfo,
 )
-from corral.grammar.compiled import StaleEntry
+from corral.grammar.core.compiled import StaleEntry
 from corral.schema_cache.compiling import Compiler
 from corral.schema_cache.config import CacheConfig
 from corral.schema_cache.disk import DiskStore

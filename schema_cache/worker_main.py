@@ -1,6 +1,6 @@
 """The compile worker process: ``python -P -m corral.schema_cache.worker_main``.
 
-It talks to its parent through :func:`corral.supervisor.child_channel`, in frames; nothing is
+It talks to its parent through :func:`corral.base.supervisor.child_channel`, in frames; nothing is
 pickled. The first frames are the tokenizer (a JSON header with the logits width and EOS ids,
 then the tokenizer JSON); the worker builds it once, answers ``{"ready": fingerprint}``, and
 then compiles one request per frame until stdin closes. A reply is a JSON header frame, followed
@@ -14,10 +14,10 @@ import json
 import tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from corral.base.heap import freeze_startup_heap
+from corral.base.supervisor import child_channel
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.heap import freeze_startup_heap
 from corral.schema_cache.workers import ready_message, spec_from_request
-from corral.supervisor import child_channel
 
 
 def _warm_up(tok: TokenizerInfo) -> None:

@@ -2,7 +2,7 @@
 
 A compile in native code cannot be interrupted from Python, and llguidance's JSON-schema
 conversion even holds the GIL while it runs, so only a separate process gives a hard deadline.
-Each worker is ``python -P -m corral.schema_cache.worker_main``, run by :mod:`corral.supervisor`
+Each worker is ``python -P -m corral.schema_cache.worker_main``, run by :mod:`corral.base.supervisor`
 (which keeps the server's working directory off its ``sys.path``); it builds the tokenizer once
 and then answers compile requests. Nothing crosses the pipes as a pickle: requests and reply
 headers are JSON, a compiled constraint comes back as ``CompiledConstraint.to_bytes()``.
@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from corral.base.supervisor import DeadlineExceeded, Worker, WorkerFailed
 from corral.grammar import (
     ConstraintError,
     ConstraintKind,
@@ -27,7 +28,6 @@ from corral.grammar import (
 )
 from corral.schema_cache.flights import CompileCancelled, Flight
 from corral.schema_cache.stats import CacheStats
-from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed
 
 _MODULE = "corral.schema_cache.worker_main"
 _ACQUIRE_POLL_S = 0.05  # how often a compile waiting for a free worker looks for cancellation

@@ -1,6 +1,6 @@
 """A real ``redis-server`` on 127.0.0.1 for the tests (imported by name; not a test module).
 
-``RedisServer(folder)`` starts one on a free port, configured as the README recommends for the
+``RedisServer(folder)`` starts one on a free port, configured as docs/deployment.md recommends for the
 shared cache (``maxmemory`` with ``allkeys-lru``, no persistence); ``stop()`` stops it, and
 ``start()`` starts it again on the same port (Redis back after an outage, empty). When
 ``redis-server`` is not installed (``make test`` installs it with apt-get where it can), the

@@ -1,11 +1,11 @@
-"""corral.heap: what start-up leaves is frozen out of the collector's walks, its garbage freed."""
+"""corral.base.heap: what start-up leaves is frozen out of the collector's walks, its garbage freed."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from corral.heap import freeze_startup_heap
+from corral.base.heap import freeze_startup_heap
 
 
 class _Node:

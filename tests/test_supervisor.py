@@ -1,4 +1,4 @@
-"""corral.supervisor with real child processes: one that answers, one that hangs past the
+"""corral.base.supervisor with real child processes: one that answers, one that hangs past the
 deadline (killed, and a new one started on the next send), one that dies, one that never says
 it is ready, and a stray ``json.py``/``lark.py`` in the working directory that must not be
 imported by the child."""
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from corral.supervisor import DeadlineExceeded, Worker, WorkerFailed
+from corral.base.supervisor import DeadlineExceeded, Worker, WorkerFailed
 
 CHILD = """
 import json
 import os
 import time
 
-from corral.supervisor import child_channel
+from corral.base.supervisor import child_channel
 
 channel = child_channel()
 init = channel.recv()

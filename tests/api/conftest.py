@@ -18,7 +18,7 @@ def _require_default_model() -> None:
 def model_folder() -> Path:
     """The embedded SmolLM2 converted to a Hugging Face folder (shared model cache)."""
     _require_default_model()
-    from corral.engine.assets import resolve_model_folder
+    from corral.engine.loading.assets import resolve_model_folder
 
     return resolve_model_folder(None)
 

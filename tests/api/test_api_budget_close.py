@@ -15,7 +15,7 @@ from budget_schemas import AREA
 from corral.api.tool_formats import GENERIC
 from corral.api.tools import TOOL_JSON_FORMAT
 from corral.grammar import ConstraintSpec
-from corral.grammar.shortest import JsonCloser
+from corral.grammar.closing.shortest import JsonCloser
 
 SCHEMA = {
     "type": "object",

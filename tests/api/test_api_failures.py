@@ -1,7 +1,7 @@
 """End to end: the failure paths of a real `corral serve` — failures never pass as success, the
 server survives faults and floods, and says the truth about itself.
 
-The documented mapping (README "Failure semantics"): a generation that cannot finish is a 5xx
+The documented mapping (docs/serving.md, "Failure semantics"): a generation that cannot finish is a 5xx
 in OpenAI's error shape, or, once a stream has started, an error event then `[DONE]`; counted
 in /metrics. Faults are injected through real code paths: `CORRAL_FAULTS` (an exception inside
 an engine step) and `CORRAL_LLG_LIMITS` (llguidance limits lowered so that a real matcher enters

@@ -18,8 +18,8 @@ import pytest
 from api_server import start_server, stop_server
 
 from corral.api.config import ServerConfig
-from corral.api.limits import schema_stats
-from corral.grammar.input_checks import lone_surrogate_path
+from corral.api.schema_stats import schema_stats
+from corral.grammar.core.input_checks import lone_surrogate_path
 
 ANSWER_S = 5.0
 DEFAULTS = ServerConfig()

@@ -23,7 +23,7 @@ import pytest
 from api_server import start_server, stop_server
 
 from corral.grammar import ConstraintSpec
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.closed_objects import close_objects
 from corral.schema_cache import entry_key
 
 VALIDATE, PRECOMPILE = "/v1/constraints/validate", "/v1/constraints"

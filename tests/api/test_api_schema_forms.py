@@ -15,11 +15,13 @@ from corral.api.config import ServerConfig
 from corral.api.errors import ApiError
 from corral.api.protocol import ChatCompletionRequest
 from corral.api.request_constraint import chat_constraint
-from corral.api.schema_forms import FORMS, SchemaForms, form_of
+from corral.api.schema_forms import SchemaForms, form_of
 from corral.api.tool_formats import GENERIC
 from corral.grammar import ConstraintSpec
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpora" / "maskbench"
+#: The schema forms of the server these requests are derived for (a server's ``state.forms``).
+FORMS = SchemaForms()
 
 
 def request(schema, **fields) -> ChatCompletionRequest:
@@ -30,7 +32,7 @@ def request(schema, **fields) -> ChatCompletionRequest:
 
 def derived(schema, config: ServerConfig, **fields):
     """The constraint, and its rewrites, of a request for ``schema`` (a fresh parse each time)."""
-    _, constraint = chat_constraint(request(schema, **fields), config, GENERIC)
+    _, constraint = chat_constraint(request(schema, **fields), config, GENERIC, FORMS)
     return constraint.spec, constraint.rewrites
 
 

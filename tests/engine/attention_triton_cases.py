@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from triton.runtime.interpreter import InterpreterBuilder, TensorHandle  # noqa: E402
 
-from corral.engine.attention import TorchAttention  # noqa: E402
-from corral.engine.attention_triton import TritonAttention  # noqa: E402
-from corral.engine.kv_pool import PAD_SLOT, KVPool  # noqa: E402
+from corral.engine.execution.attention import TorchAttention  # noqa: E402
+from corral.engine.execution.attention_triton import TritonAttention  # noqa: E402
+from corral.engine.kvcache.kv_pool import PAD_SLOT, KVPool  # noqa: E402
 
 # Absolute and relative tolerance per dtype, against the fp32 reference; TorchAttention, which
 # rounds differently, is held to twice as much. Outputs are averages of N(0, 1) values.
@@ -160,9 +160,10 @@ def check_model_forward() -> None:
     """The whole decoder with TritonAttention, through the model runner, matches the same model
     with TorchAttention: a prefill of two sequences, then a draft-sized extend of one beside a
     decode of the other, over their cached prefixes."""
-    from corral.engine.model import DecoderModel
-    from corral.engine.model_config import ModelConfig
-    from corral.engine.model_runner import ForwardBatch, ModelRunner
+    from corral.engine.execution.batch import ForwardBatch
+    from corral.engine.execution.model import DecoderModel
+    from corral.engine.execution.model_config import ModelConfig
+    from corral.engine.execution.model_runner import ModelRunner
 
     c = ModelConfig(
         model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from engine_helpers import save_tiny_llama
 
-from corral.engine.assets import LoadedModel, load_model, resolve_model_folder
+from corral.engine.loading.assets import LoadedModel, load_model, resolve_model_folder
 
 
 def _require_default_model() -> None:

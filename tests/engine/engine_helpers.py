@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from corral.engine.config import EngineConfig
-from corral.engine.engine import Engine
+from corral.engine.serving.config import EngineConfig
+from corral.engine.serving.engine import Engine
 
 
 def make_engine(model, **overrides) -> Engine:

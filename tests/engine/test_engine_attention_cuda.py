@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corral.engine.attention import TorchAttention
-from corral.engine.kv_pool import PAD_SLOT, KVPool
+from corral.engine.execution.attention import TorchAttention
+from corral.engine.kvcache.kv_pool import PAD_SLOT, KVPool
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -56,7 +56,7 @@ def _batch(seqs, pool, gen):
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 128), (16, 16, 64), (32, 4, 64)])
 def test_triton_attention_matches_torch_and_reference(scenario, dtype, heads, kv_heads, head_dim):
     pytest.importorskip("triton")
-    from corral.engine.attention_triton import TritonAttention
+    from corral.engine.execution.attention_triton import TritonAttention
 
     dev, gen = torch.device("cuda"), torch.Generator().manual_seed(0)
     seqs = SCENARIOS[scenario](gen)
@@ -89,7 +89,7 @@ def test_triton_attention_matches_torch_and_reference(scenario, dtype, heads, kv
 
 def test_triton_forward_never_synchronises_with_the_host():
     pytest.importorskip("triton")
-    from corral.engine.attention_triton import TritonAttention
+    from corral.engine.execution.attention_triton import TritonAttention
 
     dev, gen = torch.device("cuda"), torch.Generator().manual_seed(1)
     seqs = [(2000, 1), (0, 100), (300, 1), (50, 9)]

@@ -16,7 +16,7 @@ CASES = Path(__file__).with_name("attention_triton_cases.py")
 @pytest.mark.parametrize("head_dim", [8, 96, 130])
 def test_unsupported_head_dim_is_refused_at_construction(head_dim: int) -> None:
     pytest.importorskip("triton")
-    from corral.engine.attention_triton import TritonAttention
+    from corral.engine.execution.attention_triton import TritonAttention
 
     with pytest.raises(ValueError, match="power-of-two head_dim >= 16.*TorchAttention"):
         TritonAttention(8, 2, head_dim, 0.1)
@@ -24,7 +24,7 @@ def test_unsupported_head_dim_is_refused_at_construction(head_dim: int) -> None:
 
 def test_heads_must_be_a_multiple_of_kv_heads() -> None:
     pytest.importorskip("triton")
-    from corral.engine.attention_triton import TritonAttention
+    from corral.engine.execution.attention_triton import TritonAttention
 
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         TritonAttention(6, 4, 64, 0.1)

@@ -16,11 +16,13 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from corral.engine import SamplingParams
-from corral.engine.budget_close import closing_after
+from corral.engine.constrained.budget_close import closing_after
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.spec import JsonFormat
-from corral.grammar.walk import accepts
+from corral.grammar.closing.partial_json import PartialJson
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.runtime import BudgetClose
+from corral.grammar.core.spec import JsonFormat
+from corral.grammar.core.walk import accepts
 
 FORMATS = st.sampled_from([JsonFormat(), JsonFormat.python_default(), JsonFormat(flexible=True)])
 #: filled items must differ from those written (and the item being written)
@@ -61,7 +63,7 @@ def test_output_valid_whenever_the_budget_allows(setup, schema, fmt, extra, seed
     assume(closer.shortest(closer.root) is not None)  # a drawn oneOf with no instance
     need = shortest_tokens(model, closer)
     params = SamplingParams(
-        max_tokens=need + extra, temperature=1.0, seed=seed, budget_close=closer
+        max_tokens=need + extra, temperature=1.0, seed=seed, budget_close=BudgetClose(closer, tok)
     )
     (choice,) = engine.generate([prompt], params, [compiled])[0]
     jsonschema.validate(json.loads(choice.text), schema)
@@ -81,7 +83,9 @@ def test_too_small_a_budget_is_reported(setup):
     spec = ConstraintSpec.json_schema(schema)
     closer = JsonCloser.for_spec(spec)
     params = SamplingParams(
-        max_tokens=shortest_tokens(model, closer) - 1, temperature=0, budget_close=closer
+        max_tokens=shortest_tokens(model, closer) - 1,
+        temperature=0,
+        budget_close=BudgetClose(closer, tok),
     )
     (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
     assert choice.finish_reason == "length"
@@ -110,7 +114,7 @@ def test_a_schema_without_a_closable_instance_is_reported(setup):
     schema = {"type": "string", "minLength": 10**9}
     spec = ConstraintSpec.json_schema(schema)
     closer = JsonCloser.for_spec(spec)
-    params = SamplingParams(max_tokens=8, temperature=0, budget_close=closer)
+    params = SamplingParams(max_tokens=8, temperature=0, budget_close=BudgetClose(closer, tok))
     (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
     assert choice.finish_reason == "length"
     report = choice.budget_close
@@ -137,7 +141,7 @@ def test_listed_objects_and_arrays_end_as_stop_with_room_to_spare(setup, schema)
     model, tok, engine, prompt = setup
     spec = ConstraintSpec.json_schema(schema)
     closer = JsonCloser.for_spec(spec)
-    params = SamplingParams(max_tokens=60, temperature=0.0, budget_close=closer)
+    params = SamplingParams(max_tokens=60, temperature=0.0, budget_close=BudgetClose(closer, tok))
     (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
     jsonschema.validate(json.loads(choice.text), schema)
     assert choice.finish_reason == "stop", (choice.text, choice.budget_close)
@@ -161,7 +165,7 @@ def test_a_split_character_closes_as_a_listed_string_spells_it(llama3_tokenizer)
         text = json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()
         for cut in range(1, len(text)):
             decoder = codecs.getincrementaldecoder("utf-8")()
-            partial = closer.start()
+            partial = PartialJson.empty(closer)
             partial.feed(decoder.decode(text[:cut]))
             found = closing_after(partial, decoder.getstate()[0])
             assert found is not None, text[:cut]

@@ -1,4 +1,4 @@
-"""The C int4 matmul (`corral.engine.cpu_int4`) against gguf's dequantized weights and torch's.
+"""The C int4 matmul (`corral.engine.kernels.cpu_int4`) against gguf's dequantized weights and torch's.
 
 The kernel reads torch's packed int4 layout in place and quantizes the activations to two int8
 parts per group of 32 (about 15 bits), so its only rounding of note is the bfloat16 output's:
@@ -17,8 +17,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from test_engine_quant import random_blocks, rel_err
 
-from corral.engine import cpu_int4, cpu_kernels
-from corral.engine.quant import GROUP, int4_from_dense, int4_from_gguf, int4_linear
+from corral.engine.kernels import cpu_int4, cpu_kernels
+from corral.engine.kernels.quant import GROUP, int4_from_dense, int4_from_gguf, int4_linear
 
 RTOL = 4e-3  # bfloat16 output rounding (2^-9 relative per element), measured 2.3-2.5e-3
 BF16 = torch.bfloat16

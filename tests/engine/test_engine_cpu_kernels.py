@@ -1,4 +1,4 @@
-"""The C kernels of the bfloat16 CPU decode step (`corral.engine.cpu_kernels`) against torch.
+"""The C kernels of the bfloat16 CPU decode step (`corral.engine.kernels.cpu_kernels`) against torch.
 
 Tolerances. RMSNorm (alone or after the residual add) and silu * up compute in float32 and round
 where torch rounds, so they must equal torch bit for bit. RoPE rounds once from float32 where
@@ -18,12 +18,13 @@ import torch.nn.functional as F
 from engine_helpers import chat, make_engine
 from test_engine_gguf_quantized import TIE
 
-from corral.engine import SamplingParams, cpu_int4, cpu_kernels
-from corral.engine.assets import load_model
-from corral.engine.attention import TorchAttention
-from corral.engine.kv_pool import KVPool
-from corral.engine.model import apply_rope, rope_cos_sin, rope_inv_freq
-from corral.engine.model_config import RopeConfig
+from corral.engine import SamplingParams
+from corral.engine.execution.attention import TorchAttention
+from corral.engine.execution.model import apply_rope, rope_cos_sin, rope_inv_freq
+from corral.engine.execution.model_config import RopeConfig
+from corral.engine.kernels import cpu_int4, cpu_kernels
+from corral.engine.kvcache.kv_pool import KVPool
+from corral.engine.loading.assets import load_model
 
 BF16 = torch.bfloat16
 HALF_STEP = 2.0**-8  # half a bfloat16 step (8 significant bits), relative: one rounding

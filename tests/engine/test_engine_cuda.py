@@ -18,9 +18,9 @@ import torch
 from engine_helpers import save_tiny_llama
 
 from corral.engine import Engine, EngineConfig, SamplingParams
-from corral.engine.assets import load_model
-from corral.engine.model_runner import ForwardBatch
-from corral.engine.sampler import RowSpec, read_back, sample_on_device
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.loading.assets import load_model
+from corral.engine.serving.sampler import RowSpec, read_back, sample_on_device
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 pytestmark = pytest.mark.skipif(

@@ -16,9 +16,9 @@ from engine_helpers import chat, make_engine
 from test_engine_cuda import tiny_llama3_folder  # noqa: F401 - the fixture, shared
 
 from corral.engine import SamplingParams
-from corral.engine.cuda_graphs import DecodeGraphs, decode_buckets
-from corral.engine.kv_pool import PAD_SLOT
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.execution.cuda_graphs import DecodeGraphs, decode_buckets
+from corral.engine.kvcache.kv_pool import PAD_SLOT
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 PROMPTS = ("A city.", "Say hi.", "Count to five.", "Name a fruit.", "Why?", "Tell me a joke.")
@@ -106,7 +106,7 @@ cuda = pytest.mark.skipif(
 def cuda_model(tiny_llama3_folder):  # noqa: F811 - the imported fixture
     """The GPU check's tiny Llama (Llama-3's tokenizer: the default model's package is not on
     the GPU box), bfloat16 on the device."""
-    from corral.engine.assets import load_model
+    from corral.engine.loading.assets import load_model
 
     return load_model(str(tiny_llama3_folder), dtype=torch.bfloat16, device="cuda")
 

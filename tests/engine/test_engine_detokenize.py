@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.engine.detokenize import Detokenizer
+from corral.engine.serving.detokenize import Detokenizer
 
 TEXT = "Grüße 🦙🐪 — 東京は晴れ. naïve café ✓ done"
 

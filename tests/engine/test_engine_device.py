@@ -14,11 +14,11 @@ import torch
 from safetensors import safe_open
 
 from corral.api.config import ServerConfig
-from corral.engine.assets import default_gguf_path, ensure_converted, load_model
-from corral.engine.device import parse_device, parse_dtype
-from corral.engine.gguf_loader import write_safetensors_streaming
-from corral.engine.model_config import ModelConfig
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.execution.device import parse_device, parse_dtype
+from corral.engine.execution.model_config import ModelConfig
+from corral.engine.loading.assets import default_gguf_path, ensure_converted, load_model
+from corral.engine.loading.gguf_loader import write_safetensors_streaming
 
 NO_CUDA = not torch.cuda.is_available()
 

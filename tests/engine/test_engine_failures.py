@@ -17,7 +17,7 @@ from engine_helpers import chat, make_engine
 from limit_schemas import MID_GENERATION, MID_GENERATION_LIMITS
 
 from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
-from corral.engine.core import EngineFailure
+from corral.engine.serving.core import EngineFailure
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
@@ -180,7 +180,7 @@ def test_n_choices_are_all_or_nothing_when_add_request_fails(smollm2, tokinfo):
 
 
 def test_fault_specs_parse_and_come_from_the_environment(monkeypatch):
-    from corral.engine.faults import Faults, parse_faults
+    from corral.engine.serving.faults import Faults, parse_faults
 
     assert parse_faults(" step@3, seq@1 ") == parse_faults("step@3,seq@1")
     assert [f.kind for f in parse_faults("mask@2,step@1")] == ["mask", "step"]

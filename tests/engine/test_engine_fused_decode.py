@@ -1,4 +1,4 @@
-"""One C call per decoder layer on decode-only CPU steps (`corral.engine.fused_decode`).
+"""One C call per decoder layer on decode-only CPU steps (`corral.engine.kernels.fused_decode`).
 
 The fused layer runs the same kernels in the same order as the layer-by-layer path, so greedy
 tokens and their logprobs must be the same bit for bit, for one sequence and for a batch.
@@ -12,10 +12,11 @@ from engine_helpers import chat, make_engine
 from gguf import GGMLQuantizationType as QT
 from gguf_factory import write_random_llama_gguf
 
-from corral.engine import SamplingParams, cpu_int4, cpu_kernels, fused_decode
-from corral.engine.assets import default_gguf_path, load_model
-from corral.engine.fused_decode import FusedDecode
-from corral.engine.model_runner import ForwardBatch
+from corral.engine import SamplingParams
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kernels import cpu_int4, cpu_kernels, fused_decode
+from corral.engine.kernels.fused_decode import FusedDecode
+from corral.engine.loading.assets import default_gguf_path, load_model
 
 BF16 = torch.bfloat16
 

@@ -33,11 +33,11 @@ from gguf_factory import write_random_llama_gguf
 
 from corral.api.config import ServerConfig
 from corral.engine import SamplingParams
-from corral.engine.assets import default_gguf_path, load_model, resolve_quantize
-from corral.engine.cpu_int4 import int4_kernel
-from corral.engine.gguf_weights import GGUFRows, RefinedHead, gguf_index
-from corral.engine.model_runner import ForwardBatch
-from corral.engine.quant import Int4Weight, Int8Weight
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kernels.cpu_int4 import int4_kernel
+from corral.engine.kernels.quant import Int4Weight, Int8Weight
+from corral.engine.loading.assets import default_gguf_path, load_model, resolve_quantize
+from corral.engine.loading.gguf_weights import GGUFRows, RefinedHead, gguf_index
 
 # the default model, per row: about 2.5x what was measured (see above)
 KL_MEAN, KL_MAX = (5e-3, 5e-2) if int4_kernel() is not None else (1e-2, 1e-1)
@@ -165,17 +165,17 @@ def test_embedding_rows_are_read_exactly_from_the_file():
 
 _RSS_SCRIPT = """
 import gc, json, sys, torch
-from corral.engine.cpu_int4 import int4_kernel
-from corral.engine.assets import default_gguf_path, ensure_converted
-from corral.engine.model_config import ModelConfig
-from corral.engine.gguf_weights import load_gguf_quantized
+from corral.engine.kernels.cpu_int4 import int4_kernel
+from corral.engine.loading.assets import default_gguf_path, ensure_converted
+from corral.engine.execution.model_config import ModelConfig
+from corral.engine.loading.gguf_weights import load_gguf_quantized
 def status(key):
     return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) * 1024
 config = ModelConfig.from_folder(ensure_converted(default_gguf_path(), None, weights=False))
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
-from corral.engine.quant import int4_from_gguf, int4_linear
+from corral.engine.kernels.quant import int4_from_gguf, int4_linear
 # Page in the kernels' code once (a fixed cost of the process, not of the model).
 w = int4_from_gguf(quantize(np.ones((32, 64), dtype=np.float32), QT.Q4_1), QT.Q4_1)
 int4_linear(torch.zeros(1, 64), w, None)

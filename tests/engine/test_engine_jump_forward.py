@@ -17,8 +17,8 @@ import torch
 from engine_helpers import chat, make_engine
 
 from corral.engine import SamplingParams
-from corral.engine.jump_forward import DraftHints, _tokenize_after
-from corral.engine.kv_pool import KVPool
+from corral.engine.constrained.jump_forward import DraftHints, _tokenize_after
+from corral.engine.kvcache.kv_pool import KVPool
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
@@ -161,8 +161,8 @@ def test_draft_hints_learn_where_the_model_splits_the_last_token(smollm2):
 
 
 def test_lookup_draft_follows_the_latest_earlier_occurrence(smollm2):
-    from corral.engine.core import Sequence
-    from corral.engine.jump_forward import LOOKUP_NGRAM, LookupIndex
+    from corral.engine.constrained.jump_forward import LOOKUP_NGRAM, LookupIndex
+    from corral.engine.serving.core import Sequence
 
     tok = smollm2.tokenizer
     text = '[{"a":1,"b":2},{"a":1,"b":3},{"a":1,"b":'

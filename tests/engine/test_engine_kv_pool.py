@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from corral.engine.kv_pool import PAD_SLOT, DoubleFreeError, KVIntegrityError, KVPool
+from corral.engine.kvcache.kv_pool import PAD_SLOT, DoubleFreeError, KVIntegrityError, KVPool
 
 
 def _buffer_bytes(pool: KVPool) -> int:

@@ -12,8 +12,8 @@ import torch
 from engine_helpers import chat, make_engine
 
 from corral.engine import Engine, EngineConfig, RequestError, SamplingParams
-from corral.engine.kv_pool import KVPool
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.kvcache.kv_pool import KVPool
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0)
 QUESTIONS = [
@@ -239,7 +239,7 @@ def test_stats_for_metrics(smollm2, prompts):
 def test_num_threads_defaults_to_the_cores_we_may_use():
     import os
 
-    from corral.engine.config import available_cores
+    from corral.engine.serving.config import available_cores
 
     cores = available_cores()
     assert 1 <= cores <= (os.cpu_count() or 1)

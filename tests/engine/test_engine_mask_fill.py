@@ -1,4 +1,4 @@
-"""The mask filler's native path: plain llguidance rows filled by llguidance's batch call.
+"""The mask filler's native path: plain llguidance rows filled by the grammar layer's batch call.
 
 Real compiled constraints (Llama-3 tokenizer), real matchers walked along valid instances; the
 reference is the same `MaskFill` with every job filled on its own (`fill_checked` per row), so
@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import threading
 
-import llguidance
 import pytest
 import torch
 
-from corral.engine import grammar_masks
-from corral.engine.core import SamplingParams, Sequence
-from corral.engine.grammar_masks import MaskFill, MaskJob
+from corral.engine.constrained import masks as grammar_masks
+from corral.engine.constrained.masks import MaskFill, MaskJob
+from corral.engine.serving.core import SamplingParams, Sequence
 from corral.fuzz.tokenizers import llama3_tokenizer
-from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar.backend_llguidance import LLGuidanceMatcher
+from corral.grammar import ConstraintSpec, MaskBatchFiller, compile_constraint
+from corral.grammar.backends.llg import LLGuidanceMatcher
 
 PERSON = {
     "type": "object",
@@ -61,9 +60,9 @@ def _jobs(compiled, ids: list[int], n: int, draft_every: int = 0) -> list[MaskJo
 
 def _fill(jobs: list[MaskJob], words: int, native: bool) -> tuple[MaskFill, torch.Tensor]:
     rows = sum(len(j.draft) + 1 for j in jobs)
-    executor = llguidance.LLExecutor(2) if native else None
+    batch = MaskBatchFiller(2) if native else None
     fill = MaskFill(
-        jobs, torch.zeros(rows, words, dtype=torch.int32), None, threading.Event(), executor
+        jobs, torch.zeros(rows, words, dtype=torch.int32), None, threading.Event(), batch
     )
     workers = [threading.Thread(target=fill.work) for _ in range(2)]
     for w in workers:

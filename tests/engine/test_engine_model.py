@@ -16,12 +16,13 @@ import pytest
 import torch
 import transformers
 
-from corral.engine.kv_pool import KVPool
-from corral.engine.matmul import can_pack
-from corral.engine.model import rope_inv_freq
-from corral.engine.model_config import ModelConfig, RopeConfig, UnsupportedModelError
-from corral.engine.model_runner import ForwardBatch, ModelRunner
-from corral.engine.weights import WeightLoadError, load_weights_from_folder
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.execution.model import rope_inv_freq
+from corral.engine.execution.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from corral.engine.execution.model_runner import ModelRunner
+from corral.engine.kernels.matmul import can_pack
+from corral.engine.kvcache.kv_pool import KVPool
+from corral.engine.loading.weights import WeightLoadError, load_weights_from_folder
 
 ATOL = 1e-4
 VOCAB = 300

@@ -15,9 +15,9 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from corral.engine.assets import default_gguf_path, ensure_converted
-from corral.engine.gguf_loader import unpermute_qk
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
+from corral.engine.loading.assets import default_gguf_path, ensure_converted
+from corral.engine.loading.gguf_loader import unpermute_qk
 
 ATOL = 2e-3
 

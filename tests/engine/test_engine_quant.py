@@ -13,13 +13,13 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from corral.engine.gguf_loader import unpermute_qk
-from corral.engine.quant import (
+from corral.engine.kernels.quant import (
     int4_from_gguf,
     int4_linear,
     int8_linear,
     int8_requantized,
 )
+from corral.engine.loading.gguf_loader import unpermute_qk
 
 FP32_RTOL = 1e-5  # summation order only
 BF16_RTOL = 1e-2  # activations, scales, output in bfloat16; measured 3-4e-3, like a bf16 matmul
@@ -100,7 +100,7 @@ def test_refuses_what_the_kernel_cannot_take() -> None:
 def test_default_gguf_every_quantized_tensor_matches_dequantize() -> None:
     """Every Q4_1 tensor (and the Q8_0 embedding) of the embedded SmolLM2, packed in float32,
     reproduces gguf's dequantized matmul; a few in bfloat16 stay within the bf16 bound."""
-    from corral.engine.assets import default_gguf_path
+    from corral.engine.loading.assets import default_gguf_path
 
     try:
         path = default_gguf_path()

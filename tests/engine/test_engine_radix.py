@@ -4,8 +4,8 @@ state machine against a naive model is `test_engine_radix_machine.py`)."""
 import pytest
 import torch
 
-from corral.engine.kv_pool import KVIntegrityError, KVPool
-from corral.engine.radix_cache import RadixCache
+from corral.engine.kvcache.kv_pool import KVIntegrityError, KVPool
+from corral.engine.kvcache.radix_cache import RadixCache
 
 
 def _cache(num_slots: int = 64) -> tuple[KVPool, RadixCache]:

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from test_engine_radix import _shape
 
-from corral.engine.kv_pool import KVPool
-from corral.engine.radix_cache import RadixCache
+from corral.engine.kvcache.kv_pool import KVPool
+from corral.engine.kvcache.radix_cache import RadixCache
 
 # ---- hypothesis state machine against a naive model -------------------------------------
 

@@ -14,7 +14,7 @@ import torch
 from engine_helpers import chat, make_engine
 
 from corral.engine import Engine, RequestError, SamplingParams
-from corral.engine.model_runner import ForwardBatch
+from corral.engine.execution.batch import ForwardBatch
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 EOS = 2  # SmolLM2's <|im_end|>

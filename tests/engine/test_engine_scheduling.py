@@ -15,11 +15,11 @@ import torch
 from engine_helpers import chat, make_engine
 
 from corral.engine import SamplingParams
-from corral.engine.cache_manager import CacheManager
-from corral.engine.config import EngineConfig
-from corral.engine.core import Sequence
-from corral.engine.kv_pool import KVPool
-from corral.engine.scheduler import Scheduler
+from corral.engine.kvcache.cache_manager import CacheManager
+from corral.engine.kvcache.kv_pool import KVPool
+from corral.engine.serving.config import EngineConfig
+from corral.engine.serving.core import Sequence
+from corral.engine.serving.scheduler import Scheduler
 from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)

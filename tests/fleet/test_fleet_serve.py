@@ -13,7 +13,7 @@ import pytest
 from fleet_server import REPLICA_HEADER, start_fleet, stop_fleet_process
 from redis_server import RedisServer
 
-from corral.paths import constraints_root
+from corral.base.paths import constraints_root
 from corral.schema_cache.redis_store import PREFIX
 
 MAX_BODY = 64 << 10

@@ -25,8 +25,8 @@ from corral.fuzz.corpus import load_file
 from corral.fuzz.strategies import schemas
 from corral.fuzz.targets import Target, make_target
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.schema_close import close_objects
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.closed_objects import close_objects
 
 #: Real MaskBench schemas that hypothesis-jsonschema rewrites in place, and that Corral compiles.
 SLICE = (

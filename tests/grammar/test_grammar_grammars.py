@@ -15,8 +15,8 @@ import torch
 from grammar_walkers import TokenTable, check_forced, decode, steered_walk
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar import backend_xgrammar as xgr
-from corral.grammar.walk import accepts
+from corral.grammar.backends import xgr as xgr
+from corral.grammar.core.walk import accepts
 
 WALKS = 4
 CLOSERS = b';)}]"\n='

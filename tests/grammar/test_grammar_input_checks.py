@@ -15,9 +15,9 @@ import time
 import pytest
 
 from corral.grammar import ConstraintError, ConstraintKind, ConstraintSpec, compile_constraint
-from corral.grammar.input_checks import MAX_NESTING_DEPTH
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.schema_close import close_objects
+from corral.grammar.core.input_checks import MAX_NESTING_DEPTH
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.closed_objects import close_objects
 from corral.schema_cache.routing import combinator_fanout, needs_process
 
 DEPTHS = [64, 100, 500, 5_000, 50_000]

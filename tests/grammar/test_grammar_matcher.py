@@ -24,7 +24,7 @@ from grammar_walkers import (
 
 from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintSpec, JsonFormat, TokenizerInfo, compile_constraint
-from corral.grammar import backend_xgrammar as xgr
+from corral.grammar.backends import xgr as xgr
 
 SCHEMA = {
     "type": "object",

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from grammar_walkers import assert_walks_valid_without_repeats
+from grammar_walkers import assert_walks_valid_without_repeats, merged_properties
 
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar.schema_order import backend_layout
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.order import backend_layout
 
 NESTED = {
     "type": "object",
@@ -80,21 +80,6 @@ def test_a_merge_elsewhere_keeps_only_its_own_order(llama3_tokenizer):
     assert not _accepts(c, '{"b":{"q":1}}', tok)
 
 
-def _merged(where: str, holder_first: bool) -> dict:
-    """An object whose properties come from itself and from `where` (anyOf, allOf or $ref), the
-    node's own `properties` written before or after that keyword."""
-    own = {"ast": {"enum": ["B", "S"]}, "type": {"enum": ["R", "W"]}}
-    branch = {"properties": {"type": {"const": "R"}, "data": {"type": "integer"}}}
-    merged: dict = {
-        "anyOf": {"anyOf": [branch, {"properties": {"type": {"const": "W"}}}]},
-        "allOf": {"allOf": [branch]},
-        "$ref": {"$ref": "#/$defs/branch"},
-    }[where]
-    parts = [{"properties": own}, merged] if holder_first else [merged, {"properties": own}]
-    schema = {"type": "object", "required": ["ast", "type"], **parts[0], **parts[1]}
-    return {"$defs": {"branch": branch}, **schema} if where == "$ref" else schema
-
-
 @pytest.mark.parametrize("where", ["anyOf", "allOf", "$ref"])
 @pytest.mark.parametrize("holder_first", [True, False])
 def test_merged_properties_keep_the_order_the_schema_writes(where, holder_first, llama3_tokenizer):
@@ -103,7 +88,7 @@ def test_merged_properties_keep_the_order_the_schema_writes(where, holder_first,
     canonical text must not swap them (MaskBench Github_easy---o58839)."""
     from jsonschema import Draft202012Validator
 
-    schema = _merged(where, holder_first)
+    schema = merged_properties(where, holder_first)
     own_first = {"ast": "B", "type": "R", "data": 1}
     merged_first = {"type": "R", "data": 1, "ast": "B"}
     written = own_first if holder_first else merged_first
@@ -121,7 +106,7 @@ def test_pattern_keys_written_after_an_applicator_still_apply(applicator, llama3
     "unsatisfiable" (MaskBench Handwritten---dep7). The backend now reads pattern keys first."""
     from jsonschema import Draft202012Validator
 
-    from corral.grammar.schema_merges import pattern_keys_first
+    from corral.grammar.schema.backend_merges import pattern_keys_first
 
     schema = {
         "type": "object",
@@ -148,7 +133,7 @@ def test_pattern_keys_written_after_an_applicator_still_apply(applicator, llama3
 def test_pattern_keys_first_moves_nothing_else():
     """Only pattern and additional keys move: `properties` against an `allOf` is the order the
     backend lays keys out in (test above), and shared subtrees are copied once."""
-    from corral.grammar.schema_merges import pattern_keys_first
+    from corral.grammar.schema.backend_merges import pattern_keys_first
 
     shared = {"anyOf": [{"type": "string"}], "patternProperties": {"x": {}}}
     schema = {

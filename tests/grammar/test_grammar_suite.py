@@ -24,8 +24,8 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat, compile_constraint
-from corral.grammar import backend_llguidance as llg
-from corral.grammar.walk import check_instances
+from corral.grammar.backends import llg as llg
+from corral.grammar.core.walk import check_instances
 
 BASELINE = Path(__file__).with_name("suite_baseline.json")
 LAYOUT = JsonFormat.python_default()

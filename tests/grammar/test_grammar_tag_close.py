@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from corral.api.tool_formats import FORMATS
 from corral.api.tools import TOOL_JSON_FORMAT
 from corral.grammar import ConstraintError, ConstraintSpec
-from corral.grammar.tag_close import TagCloser
+from corral.grammar.closing.tags import TagCloser
 
 MODES = {"auto": (True, False), "required": (False, True)}  # (free_text, at_least_one)
 

@@ -1,5 +1,5 @@
 """`uniqueItems` over listed strings (an `enum` of strings with too many arrangements to list),
-checked at value boundaries (`grammar/value_checks.py`): the matcher refuses every byte that
+checked at value boundaries (`grammar/checks/value_checks.py`): the matcher refuses every byte that
 leaves only strings the array already holds, and a further item once it holds them all, so a
 repeat is never written and no state is left without a valid continuation.
 
@@ -22,11 +22,11 @@ from grammar_walkers import (
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.rewrite_log import UNIQUE_CHECK_LISTED
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.value_checks import ValueChecksMatcher
-from corral.grammar.walk import accepts
+from corral.grammar.checks.value_checks import ValueChecksMatcher
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.compiled import CompiledConstraint
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.rewrite_log import UNIQUE_CHECK_LISTED
 
 #: "re" is a prefix of "red": once "re" is held, `"re` may still become "red"
 COLOURS = ["red", "green", "blue", "cyan", "magenta", "yellow", "re"]
@@ -157,7 +157,7 @@ def test_the_mask_takes_out_exactly_the_tokens_the_scan_refuses(llama3_tokenizer
     that way unless the check refuses the `u`)."""
     import random
 
-    from corral.grammar.value_scan import scan
+    from corral.grammar.checks.value_scan import scan
 
     tok = llama3_tokenizer
     schema = {

@@ -1,5 +1,5 @@
 """`uniqueItems` over open items (objects, arrays, numbers, literals, mixed), checked at value
-boundaries (`grammar/open_items.py`, `grammar/value_scan.py`): the matcher refuses a token
+boundaries (`grammar/checks/open_items.py`, `grammar/checks/value_scan.py`): the matcher refuses a token
 that would finish an item equal, as the judge compares them, to one the array holds, and every
 token that would leave an item only such values; a closed object is settled at its last open
 member, and what may follow it is listed.
@@ -25,13 +25,13 @@ from grammar_walkers import (
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.rewrite_log import UNIQUE_CHECK_OPEN
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.spec import JsonFormat
-from corral.grammar.value_checks import ValueChecksMatcher
-from corral.grammar.value_scan import scan
-from corral.grammar.walk import accepts
+from corral.grammar.checks.value_checks import ValueChecksMatcher
+from corral.grammar.checks.value_scan import scan
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.compiled import CompiledConstraint
+from corral.grammar.core.spec import JsonFormat
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.rewrite_log import UNIQUE_CHECK_OPEN
 
 
 def _unique(items: object, **kw: object) -> dict:

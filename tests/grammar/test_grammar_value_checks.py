@@ -19,15 +19,16 @@ from grammar_walkers import TokenTable, assert_closings_valid, decode, steered_w
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.compiled import CompiledConstraint
-from corral.grammar.compiler import checked_marks
-from corral.grammar.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.shortest import JsonCloser
-from corral.grammar.value_checks import ValueChecksMatcher
-from corral.grammar.value_scan import MAX_DIGITS, alive, is_fraction
-from corral.grammar.value_sites import FRACTION, value_sites
-from corral.grammar.walk import accepts
+from corral.grammar.checks.value_checks import ValueChecksMatcher
+from corral.grammar.checks.value_scan import MAX_DIGITS, alive, is_fraction
+from corral.grammar.checks.value_sites import FRACTION, value_sites
+from corral.grammar.closing.partial_json import PartialJson
+from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.core.compiled import CompiledConstraint
+from corral.grammar.core.compiler import checked_marks
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.rewrite_log import FRACTION_CHECK, UNIQUE_CHECK
 
 NOT_INT = {"not": {"type": "integer"}}
 OBJECT = {
@@ -190,7 +191,7 @@ def test_budget_closing_finishes_a_fraction():
     shortest = closer.shortest(closer.root)
     assert Draft202012Validator(OBJECT).is_valid(json.loads(shortest)), shortest
     for prefix in ('{"a":', '{"a":5', '{"a":5.', '{"a":-', '{"a":5.0'):
-        partial = closer.start()
+        partial = PartialJson.empty(closer)
         partial.feed(prefix)
         found = partial.closing()
         assert found is not None, prefix

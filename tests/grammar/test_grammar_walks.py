@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintError, ConstraintSpec, JsonFormat, compile_constraint
-from corral.grammar.schema_close import close_objects
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.closed_objects import close_objects
 
 MAX_TOKENS = 300
 MASKBENCH_SCHEMAS = 60

@@ -13,8 +13,8 @@ import warnings
 import pytest
 from jsonschema import Draft202012Validator, validators
 
-from corral.grammar.errors import ConstraintError
-from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.core.errors import ConstraintError
+from corral.grammar.schema.analysis import analyze_schema
 
 CORPORA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "corpora")
 SUITE = os.path.join(CORPORA, "json-schema-test-suite", "draft2020-12")

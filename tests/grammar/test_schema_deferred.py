@@ -13,9 +13,9 @@ from jsonschema import Draft202012Validator
 
 from corral.fuzz.targets import FORMAT
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.rewrite_log import FOLDED_ENUM
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.rewrite_log import FOLDED_ENUM
 
 SETTLED = [
     {"allOf": [{"enum": [{"a": 0}, {"a": False}, [1]]}, {"not": {"enum": [{"a": False}]}}]},

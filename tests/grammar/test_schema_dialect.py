@@ -14,9 +14,9 @@ from grammar_walkers import assert_walks_valid_without_repeats
 from jsonschema import Draft202012Validator, validators
 
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar import rewrite_log as log
-from corral.grammar.schema_dialect import dialect_of
-from corral.grammar.walk import accepts
+from corral.grammar.core.walk import accepts
+from corral.grammar.schema import rewrite_log as log
+from corral.grammar.schema.dialect import dialect_of
 
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 DRAFT7 = "http://json-schema.org/draft-07/schema#"

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from corral.grammar.schema_formats import CHECKED_FORMATS, EXACT_FORMATS, format_constraint
+from corral.grammar.schema.formats import CHECKED_FORMATS, EXACT_FORMATS, format_constraint
 
 CHECKER = Draft202012Validator.FORMAT_CHECKER
 

@@ -10,7 +10,7 @@ import pytest
 from grammar_walkers import assert_walks_valid_without_repeats
 
 from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
-from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.schema.analysis import analyze_schema
 
 EVENTS = {"type": "string", "enum": ["all", "changed", "added"]}
 #: each needed `contains` before: the other branch's context makes it unnecessary

@@ -16,18 +16,18 @@ import pytest
 from test_grammar_walks import _walk_schema
 
 from corral.grammar import ConstraintError, JsonFormat
-from corral.grammar.regex_algebra import (
-    backend_never_runs_out,
-    complement,
-    disjoint,
-    matches,
-    never_runs_out,
-    python_of_backend,
-    regular,
-)
-from corral.grammar.regex_translate import translate_regex
-from corral.grammar.schema_analysis import analyze_schema
-from corral.grammar.schema_patterns import exact_shorthands
+from corral.grammar.regex.algebra import RegexAlgebra, python_of_backend
+from corral.grammar.regex.translate import translate_regex
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.patterns import exact_shorthands
+
+ALGEBRA = RegexAlgebra()  # the memos of this module's checks
+backend_never_runs_out = ALGEBRA.backend_never_runs_out
+complement = ALGEBRA.complement
+disjoint = ALGEBRA.disjoint
+matches = ALGEBRA.matches
+never_runs_out = ALGEBRA.never_runs_out
+regular = ALGEBRA.regular
 
 PATTERNS = [
     "APPROVER",

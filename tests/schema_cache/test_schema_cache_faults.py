@@ -22,9 +22,9 @@ from schema_cache_helpers import (
     wait_until,
 )
 
+from corral.base.supervisor import worker_env
 from corral.grammar import CompileUnavailable, ConstraintError, ConstraintSpec
 from corral.schema_cache import entry_key
-from corral.supervisor import worker_env
 
 
 def test_a_worker_killed_mid_compile_is_unavailable_and_is_replaced(make_service):

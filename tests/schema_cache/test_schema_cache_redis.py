@@ -22,7 +22,7 @@ from schema_cache_helpers import (
 )
 
 from corral.grammar import CompiledConstraint, ConstraintSpec
-from corral.grammar.version import ANALYSIS_VERSION
+from corral.grammar.core.version import ANALYSIS_VERSION
 from corral.schema_cache import entry_key
 from corral.schema_cache.redis_store import PREFIX
 

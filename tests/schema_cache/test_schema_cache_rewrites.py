@@ -11,8 +11,8 @@ import pytest
 from schema_cache_helpers import entry_files
 
 from corral.grammar import CompiledConstraint, ConstraintSpec, CorruptEntry
-from corral.grammar.compiled import _seal
-from corral.grammar.rewrite_log import ONE_OF_DISJOINT, PATTERN_NARROWED, Rewritten
+from corral.grammar.core.compiled import _seal
+from corral.grammar.schema.rewrite_log import ONE_OF_DISJOINT, PATTERN_NARROWED, Rewritten
 
 SCHEMA = {
     "type": "object",

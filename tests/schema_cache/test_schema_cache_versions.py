@@ -16,7 +16,7 @@ from schema_cache_helpers import entry_files, regex_specs
 
 import corral.grammar
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, StaleEntry
-from corral.grammar.version import (
+from corral.grammar.core.version import (
     ANALYSIS_VERSION,
     COMPILE_DEPENDENCIES,
     analysis_version,
@@ -27,7 +27,7 @@ from corral.schema_cache import entry_key
 
 
 def fresh_stamp(folder: Path) -> str:
-    """The cache's stamp recomputed here, independently of corral.grammar.version: every ``.py``
+    """The cache's stamp recomputed here, independently of corral.grammar.core.version: every ``.py``
     under the package (subfolders included) and the installed versions that shape a compile."""
     files = sorted(
         (p for p in folder.rglob("*.py") if "__pycache__" not in p.parts),
@@ -56,10 +56,10 @@ def test_the_analysis_version_covers_the_grammar_sources_and_the_backends(tmp_pa
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
     base = source_digest(copy)
     assert base == source_digest(folder)
-    rewrite = copy / "version.py"
+    rewrite = copy / "core" / "version.py"
     rewrite.write_text(rewrite.read_text() + "\n# changed\n")
     assert source_digest(copy) != base
-    rewrite.write_text((folder / "version.py").read_text())
+    rewrite.write_text((folder / "core" / "version.py").read_text())
     assert source_digest(copy) == base
     (copy / "deep" / "deeper").mkdir(parents=True, exist_ok=True)
     (copy / "deep" / "deeper" / "added.py").write_text("X = 1\n")

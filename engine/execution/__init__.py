@@ -1,0 +1,1 @@
+"""Model execution: the decoder, its config, the ModelRunner, attention backends, CUDA graphs, devices."""

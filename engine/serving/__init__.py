@@ -1,0 +1,1 @@
+"""The serving core: the step loop (schedule -> run -> postprocess), scheduler, sampler, async front."""

@@ -1,0 +1,1 @@
+"""Closing: shortest valid completions of a partial output (budget closing, structural tags)."""

@@ -1,0 +1,1 @@
+"""The constraint core: specs, the compiler, compiled entries, matchers, errors, versions."""

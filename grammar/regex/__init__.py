@@ -1,0 +1,1 @@
+"""Regexes: translation into the backends' dialect, automata, and exact algebra (intersection, emptiness)."""

@@ -1,0 +1,1 @@
+"""JSON Schema analysis: checks, `$ref` resolution, and rewrites into a form a backend enforces exactly."""
