@@ -13,6 +13,7 @@ import threading
 
 import pytest
 import torch
+from mask_constraints import PERSON
 
 from corral.engine.constrained import masks as grammar_masks
 from corral.engine.constrained.masks import MaskFill, MaskJob
@@ -21,16 +22,6 @@ from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import ConstraintSpec, MaskBatchFiller, compile_constraint
 from corral.grammar.backends.llg import LLGuidanceMatcher
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
 INSTANCE = {"name": "Ada Lovelace", "age": 36, "tags": ["bb", "a", "ccc"]}
 
 

@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+from mask_constraints import LOOKAHEAD_EBNF, PERSON
 
 from corral.grammar import ConstraintSpec, MaskBatchFiller, Matcher, compile_constraint, fill_row
 from corral.grammar.backends.llg import LLGuidanceMatcher
@@ -22,23 +23,6 @@ from corral.grammar.backends.xgr import XGrammarMatcher
 from corral.grammar.checks.distinct_keys import DistinctKeysMatcher
 from corral.grammar.checks.value_checks import ValueChecksMatcher
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0},
-        "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
-    },
-    "required": ["name", "age", "tags"],
-    "additionalProperties": False,
-}
-# llguidance's GBNF converter refuses the look-ahead `(= ...)`: compiled by xgrammar.
-LOOKAHEAD_EBNF = r"""
-root ::= "{" pair ("," pair)* "}"
-pair ::= "\"" name "\"" ":" value
-name ::= [a-z]+ (= "\"")
-value ::= [0-9]+ | "true" | "[" (value ("," value)*)? "]"
-"""
 #: name -> (spec, a valid text, the matcher type compile_constraint gives)
 CASES = {
     "plain": (

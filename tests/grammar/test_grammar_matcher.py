@@ -21,6 +21,7 @@ from grammar_walkers import (
     has_id,
     pick_token,
 )
+from mask_constraints import LOOKAHEAD_EBNF
 
 from corral.fuzz.targets import compile_xgrammar_schema
 from corral.grammar import ConstraintSpec, JsonFormat, TokenizerInfo, compile_constraint
@@ -36,14 +37,6 @@ SCHEMA = {
     "required": ["name", "n"],
     "additionalProperties": False,
 }
-# llguidance's GBNF converter refuses the look-ahead `(= ...)`, so compile_constraint falls
-# back to xgrammar for this grammar.
-LOOKAHEAD_EBNF = r"""
-root ::= "{" pair ("," pair)* "}"
-pair ::= "\"" name "\"" ":" value
-name ::= [a-z]+ (= "\"")
-value ::= [0-9]+ | "true" | "[" (value ("," value)*)? "]"
-"""
 
 # name -> (how to build the matcher factory for a tokenizer, a valid complete text). No proper
 # prefix of these texts is itself complete, so EOS must be refused until the last token.
