@@ -1,7 +1,9 @@
 """``corral fuzz``: find the schemas an engine weakens, over-constrains or chokes on.
 
-Exit status: 0 when no finding of a ``--fail-on`` kind (default: unsound) was made, 1 when one
-was, 2 for a usage error (bad flag, missing corpus, unreachable endpoint).
+Exit status: 1 when a finding of a ``--fail-on`` kind (default: unsound) was made; else 3 when a
+target judged no schema, or could not judge more than ``--max-unjudged`` of them (the commonest
+reason printed once, with a hint); 2 for a usage error (bad flag, missing corpus, an endpoint
+that cannot be used); 0 otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.fuzz.report import Report
 
 _KINDS = (
     "unsound",
@@ -37,6 +43,29 @@ def parse_budget(text: str) -> tuple[int | None, float | None]:
     return None, n * {"s": 1, "m": 60, "h": 3600}[unit]
 
 
+#: ``--dialect`` names (fuzz/dialects/__init__.py's DIALECTS; listed here so that ``--help``
+#: does not import the fuzzer).
+_DIALECTS = (
+    "openai", "llama-cpp", "llama-server", "vllm", "vllm-guided", "ollama", "sglang", "tools",
+)  # fmt: skip
+
+
+def parse_share(text: str) -> float:
+    """``0.1`` or ``10%`` → 0.1; a share between 0 and 1."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%?)\s*", text)
+    share = (float(m.group(1)) / (100 if m.group(2) else 1)) if m else -1.0
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a share between 0 and 1, or 0%%-100%%")
+    return share
+
+
+def _dialect(args: argparse.Namespace) -> str:
+    via = {"tools": "tools", "response_format": "openai", None: None}[args.via]
+    if via and args.dialect and args.dialect != via:
+        raise ValueError(f"--via {args.via} and --dialect {args.dialect} disagree; give one")
+    return args.dialect or via or "auto"
+
+
 def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fuzz",
@@ -59,6 +88,13 @@ def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="folder or .json file of MaskBench cases, JSON-Schema-Test-Suite files "
         "or plain schemas (repeatable); without it schemas are generated",
+    )
+    p.add_argument(
+        "--unicode",
+        action="store_true",
+        help="put drawn Unicode strings (multi-byte, astral, combining marks, right-to-left, "
+        "escapes) into every schema's enums, consts, property names and patterns, and into the "
+        "prompt; schemas drawn with Unicode keys and values run beside them",
     )
     p.add_argument(
         "--generate",
@@ -113,12 +149,35 @@ def add_fuzz_command(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--samples", type=int, default=2, help="completions per schema per URL")
     p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature for URL targets"
+    )
+    p.add_argument(
+        "--dialect",
+        choices=("auto", *_DIALECTS),
+        default=None,
+        help="how URL targets are sent a schema: openai (response_format json_schema), "
+        "llama-cpp (response_format json_object + schema, llama-cpp-python), llama-server "
+        "(its json_schema field), vllm (structured_outputs), vllm-guided (guided_json), "
+        "ollama (/api/chat format), sglang (/generate sampling_params.json_schema), tools "
+        "(a forced tool call), or auto: probe the endpoint once and say which it takes "
+        "(default: auto)",
+    )
+    p.add_argument(
         "--via",
         choices=("response_format", "tools"),
-        default="response_format",
-        help="how URL targets are constrained: response_format json_schema (the content is "
-        "judged), or tools: the schema is the parameters of the function tool_choice names "
-        "(the call's arguments are judged) (default: %(default)s)",
+        default=None,
+        help="older spelling: response_format is --dialect openai, tools is --dialect tools "
+        "(the schema is the parameters of the function tool_choice names; the call's "
+        "arguments are judged)",
+    )
+    p.add_argument(
+        "--max-unjudged",
+        type=parse_share,
+        default=0.0,
+        metavar="SHARE",
+        help="the share of a target's schemas that may go unjudged (error, hang, crash, every "
+        "output cut by --max-tokens) before the exit status is 3, e.g. 0.1 or 10%% "
+        "(default: 0, none; a target that judged no schema at all always fails)",
     )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--out", default="fuzz-findings", help="folder for reproducers ('' for none)")
@@ -174,8 +233,10 @@ def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
         rate=args.rate,
         samples=args.samples,
         max_tokens=args.max_tokens,
+        temperature=args.temperature,
         timeout_s=max(args.timeout, 30.0),
-        via=args.via,
+        dialect=_dialect(args),
+        shrink=not args.no_shrink,
     )
     return FuzzConfig(
         targets=targets,
@@ -191,6 +252,7 @@ def _config(args: argparse.Namespace):  # -> FuzzConfig (imported lazily)
         http=http,
         out_dir=args.out or None,
         progress=not args.no_progress,
+        unicode=args.unicode,
     )
 
 
@@ -228,7 +290,22 @@ def run_fuzz_command(args: argparse.Namespace) -> int:
     found = report.count(fail_on)
     if found:
         print(f"corral fuzz: {found} finding(s) of kind {', '.join(fail_on)}", file=sys.stderr)
-    return 1 if found else 0
+    short = _shortfalls(report, args.max_unjudged)
+    return 1 if found else 3 if short else 0
+
+
+def _shortfalls(report: Report, max_share: float) -> int:
+    """Print each target that judged too little, with a hint; returns how many did."""
+    from corral.fuzz.dialects import hint
+    from corral.fuzz.verdict import shortfalls
+
+    found = shortfalls(report, max_share)
+    for s in found:
+        engine = report.engines().get(s.target, {})
+        dialect = engine.get("dialect")
+        tip = hint(s.reason, dialect, probed="chosen" in engine) if dialect else ""
+        print(f"corral fuzz: {s.message(tip)}", file=sys.stderr)
+    return len(found)
 
 
 def main(argv: list[str] | None = None) -> int:

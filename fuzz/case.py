@@ -46,13 +46,15 @@ ROW_KINDS = (UNSOUND, INCOMPLETE, KEY_ORDER, DEAD_END, MISMATCH, ERROR)
 class Case:
     """One schema to fuzz, frozen: ``schema_json`` is the schema's JSON text and :attr:`schema`
     a fresh copy of it. ``tests`` are ``(instance, label)`` pairs from the corpus; the label is
-    only informative, the judge relabels every instance."""
+    only informative, the judge relabels every instance. ``prompt`` is text URL targets add to
+    the prompt they send (``--unicode``)."""
 
     id: str
     schema_json: str
     tests: list[tuple[Any, bool | None]] = field(default_factory=list)
     source: str = ""
     seed: int = 0
+    prompt: str = ""
 
     @classmethod
     def from_schema(
@@ -62,9 +64,10 @@ class Case:
         tests: list[tuple[Any, bool | None]] | None = None,
         source: str = "",
         seed: int = 0,
+        prompt: str = "",
     ) -> Case:
         """A case of ``schema`` as it is now; later changes to that object do not reach it."""
-        return cls(id, json.dumps(schema, ensure_ascii=False), tests or [], source, seed)
+        return cls(id, json.dumps(schema, ensure_ascii=False), tests or [], source, seed, prompt)
 
     @property
     def schema(self) -> Any:
@@ -104,6 +107,9 @@ class Failure:
     shrunk: bool = False
     shrinkable: bool = True  # False when the text cannot be replayed (e.g. it is not UTF-8)
     keywords: tuple[str, ...] = ()
+    #: Unsound: the keywords the instance breaks (the judge's), i.e. what the engine dropped.
+    dropped: tuple[str, ...] = ()
+    reproduced: str = ""  # URL targets: how the server answered the shrunk schema, sent again
     reproducer: str = ""  # path of the saved reproducer, filled in by the runner
 
 
@@ -114,6 +120,9 @@ class TargetOutcome:
     target: str
     status: str = "ok"  # ok · refused · error · crash · hang · skipped
     reason: str = ""
+    #: Whether anything this target produced or accepted was judged: in-process, the schema
+    #: compiled; a URL, at least one output was not cut short and was judged.
+    judged: bool = False
     compile_s: float = 0.0
     walks: dict[str, int] = field(default_factory=dict)
     valid_checked: int = 0

@@ -28,6 +28,7 @@ from corral.fuzz.differential import DiffConfig, compare
 from corral.fuzz.judge import (
     Judge,
     Unjudgeable,
+    broken_keywords,
     dumps,
     judge_output,
     schema_keywords,
@@ -91,6 +92,7 @@ def run_case(
         out = result.outcomes[t.name] = TargetOutcome(t.name)
         handle = _compile(t, case, out, stage)
         if handle is not None:
+            out.judged = True
             compiled[t.name] = (t, handle)
             stage(f"walk:{t.name}")
             valid += _walks(t, handle, case, judge, view, cfg, out)
@@ -115,6 +117,8 @@ def run_case(
     for out in result.outcomes.values():
         for f in out.failures:
             f.keywords = f.keywords or tuple(sorted(schema_keywords(f.schema)))
+            if f.kind == K.UNSOUND and f.text is not None:
+                f.dropped = broken_keywords(f.schema, f.text)
     return result
 
 

@@ -1,20 +1,24 @@
-"""A URL target: any OpenAI-compatible server, fuzzed through its chat completions.
+"""A URL target: a server fuzzed through the requests its users send, in one dialect.
 
-The schema constrains the output one of two ways (``HttpConfig.via``): ``response_format``
-(``json_schema``, strict) judges the message content; ``tools`` makes the schema the
-``parameters`` of the one function the request names in ``tool_choice`` and judges the call's
-``arguments`` (an answer without that call, or with another, is unsound: the server broke the
-tool choice).
+The dialect (:mod:`corral.fuzz.dialects`) says how a schema is sent (OpenAI's
+``response_format``, llama.cpp's ``json_object`` + ``schema``, Ollama's ``format``, vLLM's
+``structured_outputs``, SGLang's ``/generate``, a forced tool call), how the output is read back
+and how the server refuses; ``auto`` probes the endpoint once at start and picks one.
 
 Only what a client can see is checked: every completed output must be valid JSON that the judge
-accepts (soundness); a 4xx answer is the server refusing the schema; a 5xx or a broken connection
-is an error; no answer within the timeout is a hang. Outputs cut off by ``max_tokens`` are not
-judged. Requests run on a private event loop with a concurrency cap and an optional rate limit.
+accepts (soundness); a refusal (as the dialect knows it) is honest, not a finding; any other
+failure is an error; no answer within the timeout is a hang. Outputs cut off by ``max_tokens``
+are not judged, and a schema none of whose outputs was judged counts as not judged. An unsound
+output is shrunk with the judge alone (the output is the server's evidence, so only the schema
+shrinks and parts of the output are taken as they are), the keyword it breaks is named, and the
+shrunk schema is sent again to see whether the server still breaks it. Requests run on a
+private event loop with a concurrency cap and an optional rate limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from concurrent.futures import Future
@@ -24,12 +28,28 @@ from typing import Any
 import httpx
 
 from corral.fuzz import case as K
-from corral.fuzz.case import Case, CaseResult, TargetOutcome
+from corral.fuzz.case import Case, CaseResult, Failure, TargetOutcome
 from corral.fuzz.casework import open_case
+from corral.fuzz.dialects import AUTO, DIALECTS, auto
+from corral.fuzz.dialects.base import (
+    ALL_CUT,
+    HANG,
+    LENGTH,
+    NO_ANSWER,
+    OK,
+    REFUSED,
+    WRONG_CALL,
+    Dialect,
+    EndpointError,
+    Reply,
+    Sampling,
+)
 from corral.fuzz.judge import Judge, judge_output, schema_keywords
+from corral.fuzz.shrinkwork import shrink_output
+
+__all__ = ["EndpointError", "HttpConfig", "HttpTarget", "api_base", "server_root"]
 
 PROMPT_SCHEMA_CHARS = 2000  # the constraint does the work; a long prompt only slows the model
-TOOL_NAME = "fuzz_call"
 
 
 @dataclass(frozen=True)
@@ -42,11 +62,9 @@ class HttpConfig:
     max_tokens: int = 256
     temperature: float = 1.0
     timeout_s: float = 120.0
-    via: str = "response_format"  # or "tools": the schema is a function's parameters
-
-
-class EndpointError(RuntimeError):
-    """The endpoint cannot be used at all (unreachable, or it lists no model)."""
+    dialect: str = AUTO  # a name in DIALECTS, or auto: probe the endpoint once
+    shrink: bool = True  # shrink unsound findings and send the shrunk schema again
+    shrink_seconds: float = 3.0
 
 
 class _RateLimiter:
@@ -66,23 +84,36 @@ class _RateLimiter:
 
 
 def api_base(url: str) -> str:
+    """The OpenAI-style base: the URL ending in ``/v1``."""
     url = url.rstrip("/")
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def server_root(url: str) -> str:
+    """The server's root: the URL without a trailing ``/v1``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 class HttpTarget:
     """Call :meth:`start` once, then :meth:`submit` cases from any thread, :meth:`close` last."""
 
     def __init__(self, url: str, cfg: HttpConfig) -> None:
+        if cfg.dialect != AUTO and cfg.dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {cfg.dialect!r}: use auto, {', '.join(DIALECTS)}")
         self.name = url
-        self.base = api_base(url)
         self.cfg = cfg
         self.model = cfg.model
+        self.dialect: Dialect | None = None
+        self.choice = ""  # how the dialect was chosen (auto), for the report
+        self._models: dict[str, str | None] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._client: httpx.AsyncClient | None = None
 
     def start(self) -> None:
+        """Open the client and settle the dialect and the model (:class:`EndpointError` if the
+        endpoint cannot be used)."""
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._prepare(), self._loop).result()
 
@@ -91,26 +122,65 @@ class HttpTarget:
         self._client = httpx.AsyncClient(timeout=self.cfg.timeout_s, headers=headers)
         self._sem = asyncio.Semaphore(max(1, self.cfg.concurrency))
         self._rate = _RateLimiter(self.cfg.rate)
-        if self.model:
-            return
-        try:
-            r = await self._client.get(f"{self.base}/models")
-            r.raise_for_status()
-            self.model = r.json()["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-            raise EndpointError(
-                f"cannot list models at {self.base}/models ({e}); "
-                f"is the server up? pass --model to skip this"
-            ) from e
+        if self.cfg.dialect == AUTO:
+            choice = await auto.choose(self)
+            self.dialect, self.model, self.choice = choice.dialect, choice.model, choice.note()
+        else:
+            self.dialect = DIALECTS[self.cfg.dialect]
+            self.model = await self.model_for(self.dialect)
+
+    def base(self, d: Dialect) -> str:
+        return api_base(self.name) if d.under_v1 else server_root(self.name)
+
+    async def model_for(self, d: Dialect) -> str | None:
+        """``--model``, else the first model the dialect's listing names (None where the
+        dialect needs none)."""
+        if self.cfg.model or d.models_path is None:
+            return self.cfg.model
+        url = self.base(d) + d.models_path
+        if url not in self._models:
+            assert self._client is not None
+            try:
+                r = await self._client.get(url)
+                r.raise_for_status()
+                self._models[url] = d.first_model(r.json())
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+                raise EndpointError(
+                    f"cannot list models at {url} ({type(e).__name__}: {e}); "
+                    "is the server up? pass --model to skip this"
+                ) from e
+        return self._models[url]
+
+    async def post(self, d: Dialect, body: dict) -> Reply:
+        reply, _ = await self._post(d, body)
+        return reply
+
+    async def _post(self, d: Dialect, body: dict) -> tuple[Reply, float]:
+        """One request in dialect ``d``: its reply and seconds (0 when none came)."""
+        assert self._client is not None
+        async with self._sem:
+            await self._rate.wait()
+            t0 = time.monotonic()
+            try:
+                r = await self._client.post(self.base(d) + d.path, json=body)
+            except httpx.TimeoutException:
+                return Reply(HANG, f"{NO_ANSWER} {self.cfg.timeout_s:.0f} s"), 0.0
+            except httpx.HTTPError as e:
+                return Reply(K.ERROR, f"request failed: {type(e).__name__}: {e}"), 0.0
+            dt = time.monotonic() - t0
+        return d.read(r.status_code, r.text), dt
 
     @property
     def config(self) -> dict[str, Any]:
         """What the report prints for this target: the endpoint and how it is asked."""
-        c = self.cfg
+        c, d = self.cfg, self.dialect
+        assert d is not None, "start() settles the dialect"
         return {
-            "endpoint": self.base,
+            "endpoint": self.base(d) + d.path,
             "model": self.model,
-            "constrained by": _VIA_TEXT[c.via],
+            "dialect": d.name,
+            "constrained by": d.describe,
+            **({"chosen": self.choice} if self.choice else {}),
             "samples": c.samples,
             "temperature": c.temperature,
             "max_tokens": c.max_tokens,
@@ -130,21 +200,48 @@ class HttpTarget:
         if judge is None:
             return result
         out = result.outcomes[self.name] = TargetOutcome(self.name)
-        samples = await asyncio.gather(*(self._sample(case, i) for i in range(self.cfg.samples)))
-        times = [s for kind, _, s in samples if kind == "ok"]
-        out.compile_s = min(times, default=0.0)
-        for kind, payload, _ in samples:
-            out.walks[kind] = out.walks.get(kind, 0) + 1
-            if kind == "ok":
-                self._judge(case, judge, payload, out)
-            elif kind == "wrong-call":
-                _add(out, case, K.UNSOUND, None, payload)
-            elif kind in (K.ERROR, K.HANG):
-                out.status = kind
-                _add(out, case, kind, None, payload)
-        if out.status == "ok" and out.walks.get("refused") == self.cfg.samples:
-            out.status, out.reason = "refused", samples[0][1]
+        n = self.cfg.samples
+        samples = await asyncio.gather(
+            *(self._sample(case.schema, case.seed + i, case.prompt) for i in range(n))
+        )
+        out.compile_s = min((s for r, s in samples if r.kind == OK), default=0.0)
+        for reply, _ in samples:
+            out.walks[reply.kind] = out.walks.get(reply.kind, 0) + 1
+            if reply.kind == OK:
+                self._judge(case, judge, reply.text, out)
+            elif reply.kind == WRONG_CALL:
+                _add(out, case, K.UNSOUND, None, reply.text)
+            elif reply.kind in (K.ERROR, HANG):
+                out.status, out.reason = reply.kind, reply.text
+                _add(out, case, reply.kind, None, reply.text)
+        out.judged = out.walks.get(OK, 0) > 0
+        if out.status == "ok" and out.walks.get(REFUSED) == n:
+            out.status, out.reason = REFUSED, samples[0][0].text
+        elif not out.judged and out.walks.get(LENGTH) == n:
+            out.reason = f"{ALL_CUT} ({self.cfg.max_tokens})"
+        for f in out.failures:
+            if f.kind == K.UNSOUND and f.text is not None and self.cfg.shrink:
+                await asyncio.to_thread(shrink_output, f, self.cfg.shrink_seconds)
+                if f.shrunk:
+                    await self._send_again(f, case.prompt)
         return result
+
+    async def _sample(self, schema: Any, seed: int, prompt: str = "") -> tuple[Reply, float]:
+        assert self.dialect is not None, "start() settles the dialect"
+        c = self.cfg
+        sampling = Sampling(c.temperature, c.max_tokens, seed)
+        body = self.dialect.body(self.model, _messages(schema, prompt), schema, sampling)
+        return await self._post(self.dialect, body)
+
+    async def _send_again(self, f: Failure, prompt: str) -> None:
+        """Send the shrunk schema ``samples`` times; note how many answers broke it."""
+        n, judge = self.cfg.samples, Judge(f.schema)
+        replies = await asyncio.gather(*(self._sample(f.schema, i, prompt) for i in range(n)))
+        bad = 0
+        for reply, _ in replies:
+            judged = judge_output(judge, reply.text.encode()) if reply.kind == OK else None
+            bad += reply.kind == WRONG_CALL or bool(judged and judged[1])
+        f.reproduced = f"{bad} of {n} answers to the shrunk schema were invalid"
 
     def _judge(self, case: Case, judge: Judge, content: str, out: TargetOutcome) -> None:
         judged = judge_output(judge, content.encode())
@@ -154,87 +251,13 @@ class HttpTarget:
             detail = f"the server returned an invalid instance: {problem}"
             _add(out, case, K.UNSOUND, content, detail)
 
-    async def _sample(self, case: Case, i: int) -> tuple[str, str, float]:
-        """One completion: ``(kind, content or reason, seconds)``.
 
-        ``kind`` is ok, length, refused, error, hang or wrong-call (``via`` tools: the answer
-        did not call the named function exactly once)."""
-        body = {
-            "model": self.model,
-            "messages": _messages(case),
-            **_constraint(self.cfg.via, case.schema),
-            "temperature": self.cfg.temperature,
-            "max_tokens": self.cfg.max_tokens,
-            "seed": case.seed + i,
-        }
-        assert self._client is not None
-        async with self._sem:
-            await self._rate.wait()
-            t0 = time.monotonic()
-            try:
-                r = await self._client.post(f"{self.base}/chat/completions", json=body)
-            except httpx.TimeoutException:
-                return K.HANG, f"no answer within {self.cfg.timeout_s:.0f} s", 0.0
-            except httpx.HTTPError as e:
-                return K.ERROR, f"request failed: {type(e).__name__}: {e}", 0.0
-            dt = time.monotonic() - t0
-        if 400 <= r.status_code < 500:
-            return "refused", f"HTTP {r.status_code}: {r.text[:300]}", dt
-        if r.status_code != 200:
-            return K.ERROR, f"HTTP {r.status_code}: {r.text[:300]}", dt
-        try:
-            choice = r.json()["choices"][0]
-            message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return K.ERROR, f"not an OpenAI chat completion: {r.text[:300]}", dt
-        if choice.get("finish_reason") == "length":
-            return "length", "", dt
-        if self.cfg.via == "response_format":
-            return "ok", message.get("content") or "", dt
-        return (*_arguments(message), dt)
-
-
-_VIA_TEXT = {
-    "response_format": "response_format json_schema, strict true",
-    "tools": f"tool_choice naming one function ({TOOL_NAME}, strict true) whose parameters "
-    "are the schema; its arguments are judged",
-}
-
-
-def _constraint(via: str, schema: object) -> dict[str, object]:
-    """The request fields that constrain the output to ``schema``."""
-    if via == "response_format":
-        rf = {
-            "type": "json_schema",
-            "json_schema": {"name": "fuzz", "schema": schema, "strict": True},
-        }
-        return {"response_format": rf}
-    function = {"name": TOOL_NAME, "description": "Call with arguments that match the schema",
-                "parameters": schema, "strict": True}  # fmt: skip
-    return {
-        "tools": [{"type": "function", "function": function}],
-        "tool_choice": {"type": "function", "function": {"name": TOOL_NAME}},
-        "parallel_tool_calls": False,
-    }
-
-
-def _arguments(message: dict) -> tuple[str, str]:
-    """``("ok", arguments)`` of the one call to the named function; anything else is unsound."""
-    calls = message.get("tool_calls") or []
-    if len(calls) != 1 or (calls[0].get("function") or {}).get("name") != TOOL_NAME:
-        names = [(c.get("function") or {}).get("name") for c in calls]
-        return "wrong-call", (
-            f"tool_choice named {TOOL_NAME} but the answer called {names or 'no function'} "
-            f"(content: {str(message.get('content'))[:200]!r})"
-        )
-    return "ok", calls[0]["function"].get("arguments") or ""
-
-
-def _messages(case: Case) -> list[dict[str, str]]:
-    text = case.schema_json[:PROMPT_SCHEMA_CHARS]
+def _messages(schema: Any, prompt: str = "") -> list[dict[str, str]]:
+    text = json.dumps(schema, ensure_ascii=False)[:PROMPT_SCHEMA_CHARS]
+    ask = f"Write a JSON value that matches this JSON Schema:\n{text}"
     return [
         {"role": "system", "content": "You reply with one JSON value and nothing else."},
-        {"role": "user", "content": f"Write a JSON value that matches this JSON Schema:\n{text}"},
+        {"role": "user", "content": f"{prompt}\n\n{ask}" if prompt else ask},
     ]
 
 

@@ -107,6 +107,27 @@ class Judge:
         where = "/" + "/".join(str(p) for p in err.absolute_path)
         return f"{err.message} (at {where}, keyword {err.validator})"[:300]
 
+    def broken(self, instance: Any) -> tuple[str, ...]:
+        """The keywords ``instance`` breaks, sorted: each reported error's keyword (the deepest
+        one jsonschema names: ``minimum`` under ``properties``, but ``anyOf`` for a failed
+        ``anyOf``, not its branches'). Empty when it is valid or validation cannot finish."""
+        try:
+            return tuple(sorted({str(e.validator) for e in self._v.iter_errors(instance)}))
+        except Exception:  # same failure modes as is_valid
+            return ()
+
+
+def broken_keywords(schema: Any, text: str) -> tuple[str, ...]:
+    """The keywords the JSON ``text`` breaks under ``schema`` (see :meth:`Judge.broken`); empty
+    when it is not JSON or the schema cannot be judged."""
+    value, problem = parse_output(text.encode())
+    if problem:
+        return ()
+    try:
+        return Judge(schema).broken(value)
+    except Unjudgeable:
+        return ()
+
 
 class _DuplicateKey(ValueError):
     pass

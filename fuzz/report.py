@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import CaseResult, Failure
 from corral.fuzz.differential import DiffStats
+from corral.fuzz.findings import finding_line, findings_markdown
 from corral.fuzz.stats import LogHistogram, percentile
 from corral.fuzz.targets import format_config
+from corral.fuzz.verdict import reason_key
 
 #: Columns of the per-keyword table, in order.
 KEYWORD_KINDS = (K.UNSOUND, K.INCOMPLETE, "refused")
@@ -33,11 +36,17 @@ class TargetStats:
     compile_s: list[float] = field(default_factory=list)
     mask: LogHistogram = field(default_factory=LogHistogram)
     slowest: list[tuple[float, str]] = field(default_factory=list)  # (compile s, case id)
+    judged: int = 0  # schemas on which something the target did was judged
+    refused: Counter[str] = field(default_factory=Counter)  # reason -> schemas refused
+    unjudged: Counter[str] = field(default_factory=Counter)  # reason -> schemas not judged else
 
     def summary(self) -> dict[str, Any]:
         c = self.compile_s
         return {
             "schemas": self.schemas,
+            "judged": self.judged,
+            "refused_reasons": dict(self.refused),
+            "unjudged_reasons": dict(self.unjudged),
             "status": self.status,
             "failing_schemas": self.failing,
             "walks": self.walks,
@@ -88,6 +97,12 @@ class Report:
             st = self.targets[name]
             st.schemas += 1
             st.status[out.status] = st.status.get(out.status, 0) + 1
+            if out.judged:
+                st.judged += 1
+            elif out.status == "refused":
+                st.refused[reason_key(out.reason)] += 1
+            else:
+                st.unjudged[reason_key(out.reason or out.status)] += 1
             for kind in out.kinds():
                 st.failing[kind] = st.failing.get(kind, 0) + 1
             for k, v in out.walks.items():
@@ -142,6 +157,7 @@ class Report:
         head = [
             "target",
             "schemas",
+            "judged",
             "compiled",
             "refused",
             *K.ROW_KINDS,
@@ -158,6 +174,7 @@ class Report:
                 [
                     name,
                     str(st.schemas),
+                    str(st.judged),
                     str(st.status.get("ok", 0)),
                     str(st.status.get("refused", 0)),
                     *(str(st.failing.get(k, 0)) for k in K.ROW_KINDS),
@@ -219,6 +236,7 @@ class Report:
             "per keyword (cells: unsound/incomplete/refused/schemas; a failure counts for every "
             "keyword left in its shrunk schema)",
             _table(self.keyword_rows()),
+            *(["", *self.judged_lines(reasons=False)] if self.judged_lines() else []),
         ]
         slowest = {n: max(st.slowest) for n, st in self.targets.items() if st.slowest}
         slow = [f"{n} {s * 1e3:.0f} ms ({cid})" for n, (s, cid) in slowest.items()]
@@ -227,7 +245,7 @@ class Report:
         findings = [f for f in self.failures if f.kind in (K.UNSOUND, K.INCOMPLETE)]
         if findings:
             lines += ["", f"first findings ({len(findings)} in all):"]
-        lines += [_finding_line(f) for f in findings[:10]]
+        lines += [finding_line(f) for f in findings[:10]]
         if self.meta.get("out_dir") and self.failures:
             lines.append(f"reproducers: {self.meta['out_dir']}")
         return "\n".join(lines)
@@ -244,23 +262,28 @@ class Report:
             "\n## Per keyword\n\nCells: unsound / incomplete / refused / schemas with the "
             "keyword. A failure counts for every keyword left in its shrunk schema.\n",
             _md(self.keyword_rows()),
-            "\n## Findings\n",
+            "",
+            *(f"- {line}" for line in self.judged_lines()),
+            "",
+            findings_markdown(self.failures),
         ]
-        for f in self.failures:
-            if f.kind in (K.UNSOUND, K.INCOMPLETE):
-                parts.append(f"- {_finding_line(f)}")
-        return "\n".join(parts) + "\n"
+        return "\n".join(parts)
 
-
-def _finding_line(f: Failure) -> str:
-    import json
-
-    text = (f.text or "")[:120]
-    where = f" → {f.reproducer}" if f.reproducer else ""
-    return (
-        f"{f.kind} · {f.target} · {f.case_id}: schema {json.dumps(f.schema)[:160]} "
-        f"instance {text!r}{where}"
-    )
+    def judged_lines(self, reasons: bool = True) -> list[str]:
+        """For each target with schemas it did not judge: how many, and the commonest reason
+        (the text report leaves it to the exit message, which prints it once)."""
+        lines = []
+        for name, st in self.targets.items():
+            if st.judged == st.schemas:
+                continue
+            text = f"{name}: judged {st.judged} of {st.schemas} schemas"
+            for what, why in (("refused", st.refused), ("not judged", st.unjudged)):
+                if why:
+                    reason, n = why.most_common(1)[0]
+                    text += f"; {what} {sum(why.values())}"
+                    text += f" (commonest, {n}×: {reason})" if reasons else ""
+            lines.append(text)
+        return lines
 
 
 def _table(rows: list[list[str]]) -> str:

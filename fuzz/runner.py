@@ -42,6 +42,9 @@ class FuzzConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     out_dir: str | None = "fuzz-findings"
     progress: bool = True
+    #: Hard Unicode in every schema's strings and keys, and in the prompt (`unicodify`), and
+    #: schemas drawn from `unicode.unicode_schemas` beside them.
+    unicode: bool = False
 
 
 def is_url(target: str) -> bool:
@@ -49,11 +52,16 @@ def is_url(target: str) -> bool:
 
 
 def cases(cfg: FuzzConfig) -> Iterator[Case]:
-    sources = []
+    sources: list[Iterator[Case]] = []
     if cfg.corpus:
         sources.append(iter_corpus(list(cfg.corpus), cfg.seed))
     if cfg.generate or not cfg.corpus:
         sources.append(iter_generated(cfg.seed))
+    if cfg.unicode:
+        from corral.fuzz.unicodify import iter_unicode_schemas, unicode_case
+
+        sources = [map(unicode_case, s) for s in sources]
+        sources.append(iter_unicode_schemas(cfg.seed))
     return interleave(*sources)
 
 
@@ -66,6 +74,10 @@ def run_fuzz(cfg: FuzzConfig) -> Report:
     try:
         for h in remote:
             h.start()
+            if h.choice and h.dialect:
+                d = h.dialect
+                print(f"corral fuzz: {h.name}: dialect {d.name} ({d.describe}), chosen {h.choice}",
+                      file=sys.stderr)  # fmt: skip
         return _loop(cfg, pool, remote)
     finally:
         if pool:
@@ -87,6 +99,7 @@ def _loop(
             "targets": list(cfg.targets),
             "engines": {t: urls[t].config if t in urls else target_config(t) for t in cfg.targets},
             "corpus": list(cfg.corpus),
+            "unicode": cfg.unicode,
             "out_dir": cfg.out_dir,
         },
     )

@@ -26,16 +26,25 @@ _SIMPLE: tuple[Any, ...] = (None, 0, "", False, [], {})
 
 
 def shrink(
-    schema: Any, text: str, still_fails: Pred, *, max_evals: int = 400, max_seconds: float = 10.0
+    schema: Any,
+    text: str,
+    still_fails: Pred,
+    *,
+    max_evals: int = 400,
+    max_seconds: float = 10.0,
+    edit_instance: bool = True,
 ) -> tuple[Any, str, int]:
-    """Shrink ``(schema, text)`` while ``still_fails`` holds; returns them and the eval count."""
+    """Shrink ``(schema, text)`` while ``still_fails`` holds; returns them and the eval count.
+
+    ``edit_instance`` False keeps the instance as evidence: it only ever becomes a verbatim part
+    of itself (a hoist takes the part under the hoisted subschema), never an edited value."""
     deadline, evals = time.monotonic() + max_seconds, 0
     seen: set[str] = set()
     improved = True
     while improved and evals < max_evals and time.monotonic() < deadline:
         improved = False
         size = _size(schema, text)
-        for cand_schema, cand_text in _candidates(schema, text):
+        for cand_schema, cand_text in _candidates(schema, text, edit_instance):
             key = json.dumps(cand_schema, sort_keys=True) + "\x00" + cand_text
             if key in seen or _size(cand_schema, cand_text) >= size:
                 continue
@@ -60,7 +69,7 @@ def _size(schema: Any, text: str) -> int:
     return len(json.dumps(schema)) + len(text)
 
 
-def _candidates(schema: Any, text: str) -> Iterator[tuple[Any, str]]:
+def _candidates(schema: Any, text: str, edit_instance: bool) -> Iterator[tuple[Any, str]]:
     try:
         value = json.loads(text)
     except ValueError:
@@ -71,7 +80,7 @@ def _candidates(schema: Any, text: str) -> Iterator[tuple[Any, str]]:
                 yield sub, t
     for s in _schema_edits(schema):
         yield s, text
-    if value is not _NO_VALUE:
+    if value is not _NO_VALUE and edit_instance:
         for v in _value_edits(value):
             if (t := _dumps(v)) is not None:
                 yield schema, t

@@ -1,4 +1,5 @@
-"""Shrinking a failure found by :mod:`corral.fuzz.casework`, with the failing target itself.
+"""Shrinking a failure: one found by :mod:`corral.fuzz.casework`, with the failing target
+itself; one found on a URL, with the judge alone (:func:`shrink_output`).
 
 Schema copies: the shrinker edits copies of the failure's schema, never the schema itself, and
 the target under test compiles a copy of each candidate, so an engine that rewrote its input
@@ -13,7 +14,7 @@ from typing import Any
 
 from corral.fuzz import case as K
 from corral.fuzz.case import Failure
-from corral.fuzz.judge import Judge, dumps, parse_output, schema_keywords
+from corral.fuzz.judge import Judge, broken_keywords, dumps, parse_output, schema_keywords
 from corral.fuzz.keyorder import schema_order
 from corral.fuzz.probe import TokenView, check_tokens
 from corral.fuzz.shrink import shrink
@@ -78,3 +79,45 @@ def shrink_failure(
     f.schema, f.text, _ = shrink(f.schema, f.text, pred, max_seconds=seconds)
     f.shrunk = True
     f.keywords = tuple(sorted(schema_keywords(f.schema)))
+
+
+def shrink_output(f: Failure, seconds: float) -> None:
+    """Shrink an unsound output of a URL target in place, with the judge alone, and name the
+    keywords it breaks in ``f.dropped``.
+
+    A server cannot replay an output token by token, so the output stays the evidence: only the
+    schema shrinks, and the output only ever becomes a verbatim part of itself (the part under a
+    hoisted subschema). A candidate is kept while the output still breaks some of the keywords
+    it broke at first and no others, so the shrunk schema names what the server dropped. An
+    output that is not JSON breaks no keyword and is kept as found."""
+    assert f.text is not None
+    first = set(broken_keywords(f.schema, f.text))
+    f.dropped = tuple(sorted(first))
+    if not first:
+        return
+
+    def still_breaks(schema: Any, text: str) -> bool:
+        got = set(broken_keywords(schema, text))
+        return bool(got) and got <= first
+
+    schema, text, _ = shrink(
+        f.schema, f.text, still_breaks, max_seconds=seconds, edit_instance=False
+    )
+    schema = _typed(schema, text, still_breaks)
+    if schema != f.schema or text != f.text:
+        f.schema, f.text, f.shrunk = schema, text, True
+        f.keywords = tuple(sorted(schema_keywords(schema)))
+        f.dropped = broken_keywords(schema, text)
+
+
+def _typed(schema: Any, text: str, still_breaks: Any) -> Any:
+    """``schema`` with the output's own JSON type added at the root when shrinking took it away
+    (``{"type": "integer", "multipleOf": 7}`` rather than ``{"multipleOf": 7}``): sent again,
+    the shrunk schema then asks for the same kind of value."""
+    if not isinstance(schema, dict) or "type" in schema:
+        return schema
+    value, _ = parse_output(text.encode())
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+    kind = "object" if isinstance(value, dict) else "null" if value is None else kinds[type(value)]
+    typed = {"type": kind, **schema}
+    return typed if still_breaks(typed, text) else schema

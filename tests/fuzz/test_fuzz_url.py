@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from corral.cli import main as corral_main
-from corral.fuzz.http_target import TOOL_NAME, _arguments, _RateLimiter, api_base
+from corral.fuzz.dialects.base import OK, WRONG_CALL, Reply
+from corral.fuzz.dialects.tools import TOOL_NAME, arguments
+from corral.fuzz.http_target import _RateLimiter, api_base
 
 STARTUP_TIMEOUT_S = 300
 SCHEMAS = {
@@ -58,13 +60,13 @@ def test_tool_mode_accepts_only_one_call_to_the_named_function():
     def call(name: str, args: str = "{}") -> dict:
         return {"id": "c", "type": "function", "function": {"name": name, "arguments": args}}
 
-    assert _arguments({"tool_calls": [call(TOOL_NAME, '{"a": 1}')]}) == ("ok", '{"a": 1}')
+    assert arguments({"tool_calls": [call(TOOL_NAME, '{"a": 1}')]}) == Reply(OK, '{"a": 1}')
     for message in (
         {"content": "no call", "tool_calls": None},
         {"tool_calls": [call("other")]},
         {"tool_calls": [call(TOOL_NAME), call(TOOL_NAME)]},
     ):
-        assert _arguments(message)[0] == "wrong-call"
+        assert arguments(message).kind == WRONG_CALL
 
 
 def _free_port() -> int:
@@ -125,9 +127,9 @@ def fuzz_url(corral_url: str, tmp_path, flags: str) -> tuple[int, dict, dict]:
         (corpus / f"{name}.json").write_text(json.dumps(schema))
     report_path = tmp_path / "report.json"
     args = (
-        f"fuzz --target {corral_url} {flags} --corpus {corpus} --budget {len(SCHEMAS)} "
+        f"fuzz --target {corral_url} --corpus {corpus} --budget {len(SCHEMAS)} "
         f"--samples 2 --max-tokens 64 --concurrency 2 --json {report_path} "
-        f"--out {tmp_path / 'found'} --no-progress"
+        f"--out {tmp_path / 'found'} --no-progress {flags}"  # the flags have the last word
     )
     rc = corral_main(shlex.split(args))
     report = json.loads(report_path.read_text())
@@ -152,4 +154,35 @@ def test_url_mode_via_tool_calls_finds_corral_sound(corral_url, tmp_path):
     # the object schema (a function's usual parameters) is served and judged on both samples
     assert t["walks"].get("ok", 0) >= 2, t
     assert t["walks"].get("invalid", 0) == 0 and "wrong-call" not in t["walks"], report["failures"]
+    assert rc == 0
+
+
+def test_auto_picks_openai_on_corral_and_says_so(corral_url, tmp_path, capsys):
+    rc, report, t = fuzz_url(corral_url, tmp_path, "--dialect auto")
+    engine = report["meta"]["engines"][corral_url]
+    assert engine["dialect"] == "openai" and "--dialect auto" in engine["chosen"]
+    assert "dialect openai" in capsys.readouterr().err
+    assert t["judged"] == len(SCHEMAS) and t["walks"].get("invalid", 0) == 0, report["failures"]
+    assert rc == 0
+
+
+def test_a_run_whose_outputs_are_all_cut_short_is_not_green(corral_url, tmp_path, capsys):
+    """One token per answer: nothing can be judged, so the run fails and says why."""
+    rc, report, t = fuzz_url(corral_url, tmp_path, "--dialect openai --max-tokens 1")
+    assert t["judged"] == 0 and t["walks"] == {"length": 2 * len(SCHEMAS)}, t
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert f"no schema was judged ({len(SCHEMAS)} sent)" in err
+    assert "every output was cut by max_tokens (1); raise --max-tokens" in err
+
+
+def test_unicode_in_schemas_and_prompts_keeps_corral_sound(corral_url, tmp_path):
+    """`--unicode`: the corpus with drawn Unicode in its enums, consts, keys and patterns and in
+    the prompt, beside drawn Unicode schemas, through the real server; every output judged."""
+    flags = "--dialect openai --unicode --budget 4 --max-tokens 160 --temperature 0.7"
+    rc, report, t = fuzz_url(corral_url, tmp_path, flags)
+    assert report["meta"]["unicode"] is True
+    assert t["schemas"] == 4 and t["judged"] == 4, t
+    assert t["walks"].get("invalid", 0) == 0, report["failures"]
+    assert not [f for f in report["failures"] if f["kind"] in ("unsound", "error", "hang")]
     assert rc == 0
