@@ -121,9 +121,10 @@ export class Editor {
 
   async compile() {
     const receipt = await this.check(true);
-    this.els.compileResult.textContent = receipt
-      ? `compiled into the cache (${receipt.cache}${ms(receipt.compile_ms)})`
-      : "";
+    let text = "";
+    if (receipt && receipt.cache === "compiled") text = `compiled into the server's cache${ms(receipt.compile_ms).replace(",", " in")}`;
+    else if (receipt) text = `already in the server's cache (${receipt.cache} hit)`;
+    this.els.compileResult.textContent = text;
   }
 
   refusalLine(body) {

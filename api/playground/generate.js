@@ -96,7 +96,7 @@ export class Generator {
       ["from the radix cache", u ? `${u.prompt_tokens_details?.cached_tokens ?? 0} prompt tokens` : "—"],
       ["constraint", r ? `${r.kind} · ${r.backend} ${r.backend_version}` : "none"],
       ["cache tier", r ? r.cache : "—"],
-      ["compile time", r && r.compile_ms !== undefined ? `${r.compile_ms.toFixed(1)} ms` : r ? "0 (cache hit)" : "—"],
+      ["compile time", r && r.compile_ms !== undefined ? `${r.compile_ms.toFixed(1)} ms` : r ? `none (${r.cache} cache hit)` : "—"],
       ["exact", r ? (r.exact ? "yes" : "no") : "—"],
       ["finish", views.map((v) => v.finish || "—").join(", ") || "—"],
     ];

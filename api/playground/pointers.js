@@ -4,10 +4,15 @@
 export function pointerLines(text) {
   const lines = new Map();
   let i = 0;
-  const lineAt = (pos) => {
-    let n = 1;
-    for (let k = 0; k < pos; k++) if (text.charCodeAt(k) === 10) n++;
-    return n;
+  const breaks = [];
+  for (let k = text.indexOf("\n"); k >= 0; k = text.indexOf("\n", k + 1)) breaks.push(k);
+  const lineAt = (pos) => { // 1 + the newlines before pos (binary search)
+    let lo = 0, hi = breaks.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (breaks[mid] < pos) lo = mid + 1; else hi = mid;
+    }
+    return lo + 1;
   };
   const ws = () => { while (i < text.length && " \t\r\n".includes(text[i])) i++; };
   const str = () => {
@@ -135,7 +140,7 @@ function syntaxErrorAt(text) {
     if (i < text.length) fail();
     return null;
   } catch (at) {
-    if (typeof at !== "number") throw at;
-    return Math.min(at, text.length);
+    // a number: where it failed; anything else (nesting deeper than the stack): unknown
+    return typeof at === "number" ? Math.min(at, text.length) : null;
   }
 }

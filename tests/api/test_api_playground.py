@@ -157,8 +157,9 @@ def test_a_refused_keyword_is_marked_at_its_line_and_clears_when_fixed(browser, 
     assert "enforced exactly" in check_text(browser)
     assert browser.find_elements("css selector", "#gutter .err") == []
     by_id(browser, "compile").click()
-    wait(browser, lambda d: "compiled into the cache" in by_id(d, "compile-result").text, 120)
-    assert "memory" in by_id(browser, "compile-result").text  # it was just validated
+    wait(browser, lambda d: "server's cache" in by_id(d, "compile-result").text, 120)
+    # validating compiled it a moment ago: precompiling finds it in memory
+    assert by_id(browser, "compile-result").text == "already in the server's cache (memory hit)"
     browser.save_screenshot(str(shots / "04-fixed.png"))
 
 
@@ -184,6 +185,9 @@ def test_generation_streams_validates_and_shows_forced_tokens(browser, shots):
     ActionChains(browser).move_to_element(forced[0]).perform()
     detail = choice.find_element("css selector", ".detail")
     assert "forced by the grammar" in detail.text and "allowed by the mask" in detail.text
+    sampled = choice.find_elements("css selector", ".tok.sampled")
+    ActionChains(browser).move_to_element(sampled[0]).perform()
+    assert "sampled from the model" in detail.text and "top alternatives" in detail.text
     browser.save_screenshot(str(shots / "05-generated.png"))
     # keyboard: the token view moves with the arrow keys
     box = choice.find_element("css selector", ".tokens")
