@@ -233,3 +233,25 @@ def test_a_split_character_in_a_tool_call_closes_the_call(fmt_name, mode):
             assert judge.is_valid(json.loads(body[: len(body) - len(fmt.end)])), full
             closed += pending != b""
         assert closed > 0  # some cuts fell inside a character and were closed
+
+
+def test_closed_tokens_get_logprob_entries_marked_closed(setup):
+    """With logprobs, every output token has an entry: the closing's tokens come last, marked
+    "closed", certain (logprob 0, their own only alternative) and without a mask count."""
+    model, tok, engine, prompt = setup
+    schema = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string"}}},
+              "required": ["words"]}  # fmt: skip
+    spec = ConstraintSpec.json_schema(schema)
+    closing = BudgetClose(JsonCloser.for_spec(spec), tok)
+    params = SamplingParams(max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
+                            budget_close=closing)  # fmt: skip
+    (choice,) = engine.generate([prompt], params, [compile_constraint(spec, tok)])[0]
+    assert choice.finish_reason == "length" and choice.budget_close.steered
+    jsonschema.validate(json.loads(choice.text), schema)
+    assert [lp.token_id for lp in choice.logprobs] == choice.token_ids
+    sources = [lp.source for lp in choice.logprobs]
+    first = sources.index("closed")
+    assert set(sources[first:]) == {"closed"} and "closed" not in sources[:first]
+    for lp in choice.logprobs[first:]:
+        assert lp.logprob == 0 and lp.top == ((lp.token_id, 0.0),) and lp.allowed is None
+    assert all(lp.allowed >= 1 for lp in choice.logprobs[:first])
