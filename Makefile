@@ -43,12 +43,16 @@ fmt: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# The shared-cache tests run a real redis-server (Debian's package; installing needs root). Where
-# it cannot be installed, those tests are skipped and say why.
+# The shared-cache tests run a real redis-server, the playground's tests a real headless chromium
+# through its chromedriver (Debian's packages; installing needs root). Where they cannot be
+# installed, those tests are skipped and say why.
 test-setup:
 	@command -v redis-server >/dev/null 2>&1 || \
 	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; } || \
 	echo "make test: could not install redis-server; the Redis tests will be skipped" >&2
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || \
+	{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	echo "make test: could not install chromium and chromium-driver; the playground's browser tests will be skipped" >&2
 
 # pytest's exit 5 ("no tests collected") is a failure here, never a silent pass.
 test: lint test-setup

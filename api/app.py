@@ -22,6 +22,7 @@ from corral.api.errors import (
     unauthorized,
 )
 from corral.api.openapi import build_openapi
+from corral.api.playground import add_playground_routes
 from corral.api.protocol import ChatCompletionRequest, CompletionRequest, ConstraintRequest
 from corral.api.protocol_responses import ResponsesRequest
 from corral.api.responses import (
@@ -87,6 +88,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(_BodyLimit, max_bytes=state.config.max_body_bytes)
     app.add_middleware(_StatusCounter, state=state)  # outermost: counts the 413s too
     _add_routes(app)
+    add_playground_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -50,7 +50,14 @@ class LogprobFormatter:
             for i, v in allowed
         ]
         value = lp.logprob if math.isfinite(lp.logprob) else FLOOR_LOGPROB
-        return TokenLogprob(token=text, logprob=value, bytes=list(text.encode()), top_logprobs=tops)
+        return TokenLogprob(
+            token=text,
+            logprob=value,
+            bytes=list(text.encode()),
+            top_logprobs=tops,
+            provenance=lp.source,
+            allowed_tokens=lp.allowed,
+        )
 
     def content(self, lps: list[Any]) -> ChoiceLogprobs:
         return ChoiceLogprobs(content=[self.entry(lp) for lp in lps])
@@ -59,7 +66,8 @@ class LogprobFormatter:
 @dataclass
 class Update:
     """What one engine output made showable: free text, reasoning text, tool-call pieces, and
-    the logprobs released with the text."""
+    the logprobs released with them (every token's, the call format's markers included, by the
+    end of the choice)."""
 
     content: str = ""
     reasoning: str = ""
@@ -112,7 +120,7 @@ class ChoiceState:
             update.content += tail.content
             update.reasoning += tail.reasoning
             update.calls += tail.calls
-        if update.content:
+        if update.content or update.calls or self.finished:
             update.logprobs = self.logprobs[self._shown_lp :]
             self._shown_lp = len(self.logprobs)
         return update

@@ -111,6 +111,7 @@ class ServerConfig:
     compile_deadline_s: float = 10.0
     cache_url: str | None = None
     cache_prefetch: bool = True
+    cache_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -166,6 +167,25 @@ class ServerConfig:
             raise ValueError(
                 f"cache URL must start with one of {', '.join(_CACHE_URL_SCHEMES)}, "
                 f"got {self.cache_url!r}"
+            )
+        self._check_cache_key()
+
+    def _check_cache_key(self) -> None:
+        """The key file, when named, must be usable now (not first at a replica's start), and
+        the shared Redis tier needs one."""
+        if self.cache_key_file == "":
+            object.__setattr__(self, "cache_key_file", None)
+        if self.cache_key_file is not None:
+            from corral.schema_cache.sealing import read_key_file
+
+            read_key_file(self.cache_key_file)  # a KeyFileError (ValueError) says what is wrong
+        elif self.cache_url is not None:
+            raise ValueError(
+                "--cache-url needs --cache-key-file PATH (or $CORRAL_CACHE_KEY_FILE): a key "
+                "file every replica reads, which seals the entries they share through Redis so "
+                "that whoever can write to Redis cannot make them serve a grammar they did not "
+                "compile. Create one with: (umask 077; openssl rand -hex 32 > PATH); see "
+                "docs/deployment.md"
             )
 
     @property
@@ -302,4 +322,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cache_prefetch", "--cache-prefetch", "CORRAL_CACHE_PREFETCH", parse_bool,
             "with --cache-url: load the constraints other replicas compile into memory in the "
             "background, before a request asks for them (default true)"),
+    Setting("cache_key_file", "--cache-key-file", "CORRAL_CACHE_KEY_FILE", str,
+            "a file holding the key (32+ bytes, mode 600) that compiled constraints on disk and "
+            "in Redis are sealed under; an entry not sealed under it is recompiled, never "
+            "served. Required with --cache-url (the same file on every replica); default: a key "
+            "generated in the cache folder (see docs/deployment.md)"),
 )  # fmt: skip

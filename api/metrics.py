@@ -186,6 +186,16 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
         ("corral_constraint_cache_prefetched", "constraints other replicas compiled, loaded into "
          "memory before a request asked for them", ("prefetched",)),
     )  # fmt: skip
+    rejected = CounterMetricFamily(
+        "corral_constraint_cache_rejected_entries",
+        "disk and Redis entries not served because their seal failed (unsealed, wrong_key, "
+        "bad_mac, truncated, malformed) or they do not fit where they were found (invalid); "
+        "each was recompiled and sealed again",
+        labels=["tier", "reason"],
+    )
+    for where, n in s["rejected_entries"].items():
+        rejected.add_metric(where.split("/"), float(n))
+    yield rejected
     redis = GaugeMetricFamily(
         "corral_constraint_cache_redis_state",
         "the shared Redis tier: 1 for its state now (off: none configured; down: degraded, "

@@ -41,6 +41,20 @@ class TopLogprob(BaseModel):
 
 class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
+    # Corral extension: how the token was produced, and what the constraint allowed there.
+    provenance: Literal["sampled", "forced", "closed"] = Field(
+        default="sampled",
+        description="Corral extension. sampled: drawn from the model's distribution; forced: "
+        "decided by the grammar (its mask allowed only this token, or jump-forward proposed it "
+        "from the text the grammar forces and the draw confirmed it); closed: appended to end "
+        "the output at a budget (budget closing at max_tokens, or a reasoning budget's end "
+        "marker). Forced tokens appended without a draw and closed ones have logprob 0.",
+    )
+    allowed_tokens: int | None = Field(
+        default=None,
+        description="Corral extension: how many tokens the step's mask allowed (the whole "
+        "vocabulary when unconstrained); absent for closed tokens, which were not drawn",
+    )
 
 
 class ChoiceLogprobs(BaseModel):

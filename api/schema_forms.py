@@ -12,8 +12,10 @@ only slower.
 Across replicas: a spec's forms are published beside its compiled entry (``describe``, read by
 the compile service when it publishes), and a replica that prefetches the entry learns them
 (``seed``). The first request for the schema on that replica then skips the derivation as well
-as the compile. What Redis returns is trusted as its entries are: a seeded form is taken only
-for the spec digest it was announced with, and only in the shape ``describe`` writes.
+as the compile. What Redis returns is trusted as its entries are: the published forms are
+sealed under the fleet's key like the entry (``schema_cache.sealing``; a forged or altered one
+is rejected before it gets here), and a seeded form is taken only for the spec digest it was
+announced with, and only in the shape ``describe`` writes.
 
 Bounded: at most ``MAX_BYTES`` of spec text (least recently used first out); the limits and
 the derivation never run on a form twice while it is remembered.

@@ -51,6 +51,7 @@ def build_state(config: ServerConfig) -> ServerState:
         compile_deadline_s=config.compile_deadline_s,
         redis_url=config.cache_url,
         redis_prefetch=config.cache_prefetch,
+        key_file=config.cache_key_file,
     )
 
     def prepare(spec: ConstraintSpec, published: dict) -> None:  # a prefetched constraint

@@ -193,7 +193,7 @@ def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
     message = ChatMessageOut(
         content=r.content, reasoning_content=r.reasoning, tool_calls=r.tool_calls or None
     )
-    logprobs = lp.content(c.logprobs) if lp is not None and not r.tool_calls else None
+    logprobs = lp.content(c.logprobs) if lp is not None else None
     return ChatChoice(
         index=c.index,
         message=message,
@@ -237,19 +237,24 @@ def _update_events(
     chunks: _ChunkMaker, c: ChoiceState, update: Update, lp: LogprobFormatter | None
 ) -> list[str]:
     events = []
+    # the released logprobs ride on the first event with output (or on the last one)
+    pending = lp.content(update.logprobs) if lp is not None and update.logprobs else None
     if update.reasoning:
         events.append(chunks.sse(c.index, Delta(reasoning_content=update.reasoning)))
     if update.content:
-        logprobs = lp.content(update.logprobs) if lp is not None else None
-        events.append(chunks.sse(c.index, Delta(content=update.content), logprobs=logprobs))
+        events.append(chunks.sse(c.index, Delta(content=update.content), logprobs=pending))
+        pending = None
     if update.calls:
-        events.append(chunks.sse(c.index, Delta(tool_calls=_call_deltas(update.calls))))
+        calls = Delta(tool_calls=_call_deltas(update.calls))
+        events.append(chunks.sse(c.index, calls, logprobs=pending))
+        pending = None
     if c.finished:
         events.append(
             chunks.sse(
                 c.index,
                 Delta(),
                 finish_reason=c.result().finish_reason,
+                logprobs=pending,
                 budget_close=budget_json(c.budget_close),
             )
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -293,7 +294,11 @@ def run(tmp: Path, args: argparse.Namespace, cache_url: str) -> None:
     cache = tmp / "cache"
     cache.mkdir()
     (cache / "models").symlink_to(resolve_model_folder(None).parent)
+    key = tmp / "cache.key"  # the key the replicas seal their shared entries under
+    key.write_bytes(os.urandom(32).hex().encode())
+    key.chmod(0o600)
     server = ServerConfig(port=free_port(), cache_dir=str(cache), cache_url=cache_url,
+                          cache_key_file=str(key),
                           memory_bytes=512 << 20, max_concurrent=4, compile_workers=1,
                           cache_prefetch=args.prefetch, log_level="warning")  # fmt: skip
     config = FleetConfig(server=server, replicas=2)

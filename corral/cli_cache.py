@@ -9,7 +9,9 @@ runs them on their own. Each handler takes the parsed arguments and returns an e
 the model ``corral serve`` serves (the embedded default, or ``--model`` / ``$CORRAL_MODEL``) and
 with the server's settings from the environment (``$CORRAL_OPEN_OBJECTS``, ...), into the disk
 store the server reads. ``--tokenizer llama3`` warms for the fuzzer's and benchmarks' reference
-tokenizer instead (it needs the fuzz extras).
+tokenizer instead (it needs the fuzz extras). Entries are sealed under the key the server
+checks them with: ``--cache-key-file`` (or ``$CORRAL_CACHE_KEY_FILE``), as given to ``corral
+serve``, else the key generated in the cache folder.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def add_cache_commands(subparsers: argparse._SubParsersAction) -> None:
         "--api-key",
         default=os.environ.get("CORRAL_API_KEY") or None,
         help="the server's API key, with --url [env CORRAL_API_KEY]",
+    )
+    warm.add_argument(
+        "--cache-key-file",
+        default=os.environ.get("CORRAL_CACHE_KEY_FILE") or None,
+        metavar="PATH",
+        help="seal the entries under this key file, the one `corral serve --cache-key-file` "
+        "reads (entries sealed under another key are recompiled by the server) [env "
+        "CORRAL_CACHE_KEY_FILE] (default: the key generated in the cache folder)",
     )
     warm.add_argument("--lenient", action="store_true", help="compile in lenient mode")
     warm.add_argument("--deadline", type=float, default=None, help="compile deadline, seconds")
@@ -107,8 +117,8 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from corral.schema_cache.warm import WarmReport, load_schemas, schema_files, warm
     from corral.warming import local_compiler, remote_compiler
 
-    config = _config(args, compile_deadline_s=args.deadline)
     try:
+        config = _config(args, compile_deadline_s=args.deadline, key_file=args.cache_key_file)
         files = schema_files(args.paths)
         server = None if args.url else _server_config(args)
         tok, tokenizer_name = (None, "") if args.url else _warm_tokenizer(args)
@@ -135,7 +145,9 @@ def _server_config(args: argparse.Namespace):
     the environment and the defaults), which shape a request's constraint."""
     from corral.api.config import ServerConfig
 
-    return ServerConfig.from_sources({"model": args.model, "cache_dir": args.cache_dir})
+    return ServerConfig.from_sources(
+        {"model": args.model, "cache_dir": args.cache_dir, "cache_key_file": args.cache_key_file}
+    )
 
 
 def _warm_tokenizer(args: argparse.Namespace) -> tuple[TokenizerInfo, str]:
@@ -189,7 +201,8 @@ def _print_warm(report, n_files: int, target: str, root: Path | None, stats: dic
     if stats and (stats["deadline_hits"] or stats["corrupt_entries"]):
         print(
             f"{stats['deadline_hits']} compiles hit the deadline; "
-            f"{stats['corrupt_entries']} corrupt entries were recompiled"
+            f"{stats['corrupt_entries']} cached entries were rejected (corrupt, or not sealed "
+            "under this key) and recompiled"
         )
     for title, counter in (("refused", report.refused), ("errors", report.errors)):
         if counter:

@@ -36,6 +36,7 @@ from corral.fuzz.judge import Judge, judge_output
 from corral.fuzz.probe import TokenView, mask_bits, random_walk
 from corral.fuzz.stats import LogHistogram
 from corral.fuzz.targets import Target
+from corral.grammar.core.walk import mask_accept_disagreements
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class DiffConfig:
     judged_per_position: int = 2  # disagreeing tokens completed and judged at one position
     max_judged: int = 40  # ... and over the whole case
     completion_tokens: int = 160
+    # tokens per position and engine checked against that engine's own accept(), beside the
+    # path's next token: as many the mask allows as it refuses
+    self_checked: int = 6
 
 
 @dataclass
@@ -61,6 +65,8 @@ class DiffStats:
     unsound: int = 0  # ... whose completion the judge rejected
     incomplete: int = 0  # ... whose completion the judge accepted
     inconclusive: int = 0  # ... whose completion did not end (length limit, dead end)
+    self_checked: int = 0  # tokens whose mask bit was checked against the same engine's accept
+    self_disagreed: int = 0  # ... on which the mask and accept() disagreed (a mismatch)
 
     def add(self, other: DiffStats) -> None:
         for name in self.__dataclass_fields__:
@@ -122,6 +128,8 @@ def _walk_path(
         budget["positions"] -= 1
         bits = [mask_bits(m, mask, e.hist) for m, e in zip(matchers, engines, strict=True)]
         stats.positions += 1
+        for m, e, allowed in zip(matchers, engines, bits, strict=True):
+            _self_check(case, result, e, m, allowed, ids[i : i + 1], ids[:i], view, cfg, rng, stats)
         n = view.n_real  # a bit past the vocabulary is the walk stage's finding (beyond-vocab)
         differ = np.flatnonzero(bits[0][:n] != bits[1][:n])
         if len(differ):
@@ -140,6 +148,48 @@ def _walk_path(
                              rng, stats)  # fmt: skip
         if i == len(ids) or not all(m.accept(ids[i]) for m in matchers):
             return
+
+
+def _self_check(
+    case: Case,
+    result: CaseResult,
+    engine: _Engine,
+    m: Any,
+    allowed: np.ndarray,
+    next_ids: list[int],
+    prefix: list[int],
+    view: TokenView,
+    cfg: DiffConfig,
+    rng: random.Random,
+    stats: DiffStats,
+) -> None:
+    """An engine's mask against its own accept(): the path's next token and a sample of the
+    tokens the mask allows and refuses (specials and EOS aside) must get the same answer."""
+    n = view.n_real
+    plain = ~view.special[:n]
+    plain[list(view.eos)] = False
+    tokens = list(next_ids)
+    for pool in (np.flatnonzero(allowed[:n] & plain), np.flatnonzero(~allowed[:n] & plain)):
+        tokens += [int(t) for t in rng.sample(list(pool), min(cfg.self_checked, len(pool)))]
+    stats.self_checked += len(tokens)
+    found = mask_accept_disagreements(m, allowed, tokens)
+    stats.self_disagreed += len(found)
+    if not found:
+        return
+    t, by_mask = found[0]
+    verdicts = ("allows", "refuses") if by_mask else ("refuses", "takes")
+    detail = (
+        f"mask and accept disagree: the mask {verdicts[0]} {view.token_bytes([t])!r} after "
+        f"{len(prefix)} tokens ({view.token_bytes(prefix)[-40:]!r}), accept() {verdicts[1]} it"
+    )
+    out = result.outcomes[engine.target.name]
+    if not any(
+        f.kind == K.MISMATCH and f.detail.startswith("mask and accept") for f in out.failures
+    ):
+        text = view.token_bytes(prefix + [t]).decode("utf-8", errors="backslashreplace")
+        out.failures.append(
+            case.failure(engine.target.name, K.MISMATCH, text, detail, shrinkable=False)
+        )
 
 
 def _judge_token(

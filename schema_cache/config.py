@@ -38,6 +38,9 @@ class CacheConfig:
     lock for ``redis_lock_ttl_s`` past its last renewal (so a dead compiler blocks nobody longer).
     With ``redis_prefetch`` (the default), entries the other replicas compile are loaded into
     memory in the background as they announce them (``prefetch``); without it, on first request.
+    ``key_file`` names the file holding the key that disk and Redis entries are sealed under
+    (``sealing``); the Redis tier needs one (replicas must share it). Without one, the disk
+    store uses the key generated in ``root`` (``sealing.folder_key``).
     """
 
     root: Path = field(default_factory=constraints_root)
@@ -59,9 +62,18 @@ class CacheConfig:
     redis_retry_s: float = 5.0
     redis_lock_ttl_s: float = 5.0
     redis_prefetch: bool = True
+    key_file: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).expanduser())
+        if self.key_file is not None:
+            object.__setattr__(self, "key_file", Path(self.key_file).expanduser())
+        if self.redis_url is not None and self.key_file is None:
+            raise ValueError(
+                "the shared Redis tier needs a key file that every replica reads (key_file): "
+                "entries in Redis are sealed under it, so that whoever can write to Redis "
+                "cannot make replicas serve a grammar they did not compile"
+            )
         if self.max_disk_bytes < 0:
             raise ValueError("max_disk_bytes must be >= 0 (0 disables the disk store)")
         if self.max_memory_entries < 0:

@@ -18,7 +18,8 @@ the request that comes later is a memory hit.
   requests that joined the load too: warmed the way a compile leaves it, and with what the
   server prepares per constraint besides (the budget closer of a JSON schema, the schema forms
   the publisher derived it from: ``service``'s ``prepare``) built from the constraint
-  published with the entry (:func:`spec_bytes`).
+  published with the entry (:func:`spec_bytes`), sealed like the entry (``sealing``): one that
+  is forged or altered is rejected and nothing is prepared from it.
 * **Redis down**: the listener stops with the circuit open, and listens again once Redis
   answers. Entries announced meanwhile are not replayed: a request fetches them as before.
 """
@@ -105,9 +106,8 @@ class Prefetcher:
 
 def make_ready(
     compiled: CompiledConstraint,
-    key: str,
     tok: TokenizerInfo,
-    store: RedisStore,
+    published: Callable[[], bytes | None],
     prepare: Prepare | None,
 ) -> None:
     """Build what the first request for a loaded entry would otherwise build on its way:
@@ -119,13 +119,14 @@ def make_ready(
       compiled the entry probed it.
     * ``prepare(spec, extra)`` (the API's budget closer, tens of milliseconds for a large
       schema, and the schema forms it learns: ``api.schema_forms``), on the constraint
-      published beside the entry, if it is there and is the entry's own.
+      published beside the entry (``published()``: its bytes, opened from their seal by the
+      service, or None), if it is there and is the entry's own.
     """
     cursor = compiled.matcher().native_cursor()  # None: xgrammar, which builds nothing lazily
     if cursor is not None:
         probe(cursor, tok)
     if prepare is not None:
-        found = read_spec(store.spec(key), compiled.spec_digest)
+        found = read_spec(published(), compiled.spec_digest)
         if found is not None:
             prepare(*found)
 

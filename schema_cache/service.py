@@ -18,9 +18,13 @@
 * A refusal (ConstraintError: the client's constraint) is cached for ``failure_ttl_s`` and
   raised again, as an equal error with the same ``limit``, without compiling. Other exceptions
   are server bugs: not cached.
-* A disk entry that does not load (truncated, garbled, other format/backend/tokenizer/analysis)
-  is a miss: counted in ``corrupt_entries`` or ``stale_entries``, deleted, recompiled and
-  rewritten. Never an error. Failed writes (read-only or full disk) leave the entry in memory.
+* Disk and Redis entries are sealed under the service's key (``sealing``: an HMAC over the
+  whole entry and its address). One that is not sealed under it, or was changed since, or does
+  not load (truncated, garbled, other format/backend/tokenizer/analysis) is a miss: counted in
+  ``rejected_entries`` by tier and reason (and ``corrupt_entries``) or in ``stale_entries``,
+  deleted, recompiled and rewritten. Never served, never an error. Failed writes (read-only or
+  full disk) leave the entry in memory. The key is ``config.key_file``'s, else the one generated
+  in the cache folder; where that can be neither read nor made the disk store is off.
 * With ``config.redis_url``, a miss in memory and on disk asks Redis, where replicas share their
   entries, and compiles only if no replica has it: the first replica to miss takes the entry's
   lock and compiles, the others wait for its entry (``redis_store``), at most the compile
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -59,9 +64,12 @@ from corral.schema_cache.flights import CompileCancelled, Flight, FlightMissed, 
 from corral.schema_cache.memory import MemoryLRU, RefusalCache, fresh_copy
 from corral.schema_cache.prefetch import Prefetcher, Prepare, make_ready, spec_bytes
 from corral.schema_cache.redis_store import Claim, FleetBusy, Lease, open_shared, shared_state
+from corral.schema_cache.sealing import KeyFileError, Sealer, SealKey, folder_key, read_key_file
 from corral.schema_cache.stats import CacheStats
 from corral.schema_cache.threads import DaemonThreads, SerialQueue
 from corral.schema_cache.write_behind import WriteBehind
+
+log = logging.getLogger(__name__)
 
 
 class CompileService:
@@ -88,9 +96,12 @@ class CompileService:
         self.memory = MemoryLRU(
             self.config.max_memory_entries, self._stats, self.config.max_memory_bytes
         )
+        key = _seal_key(self.config)  # raises KeyFileError for a configured key file
+        #: Seals what the disk and Redis tiers store; None only with neither of them.
+        self.sealer = Sealer(key, self._stats.reject) if key is not None else None
         self.disk = DiskStore(
             self.config.root,
-            self.config.max_disk_bytes,
+            self.config.max_disk_bytes if key is not None else 0,
             self._stats,
             self.config.disk_rescan_interval_s,
         )
@@ -101,7 +112,7 @@ class CompileService:
         _ = tok.llguidance
         self._threads = DaemonThreads("corral-compile")
         self._flights = Flights()
-        self._writes = WriteBehind(self.disk, self._flights, self.config)
+        self._writes = WriteBehind(self.disk, self._flights, self.config, self._seal)
         atexit.register(_flush_at_exit, weakref.ref(self))
         self._refusals = RefusalCache(self.config.failure_ttl_s, self.config.max_memory_entries)
         self._compiler = Compiler(tok, self.config, self._stats)
@@ -254,7 +265,7 @@ class CompileService:
             return Lookup(hit, "memory")
         path = self.disk.path_for(key, self._fingerprint)
         data = self.disk.read(path) if self.disk.enabled else None
-        compiled = self._checked(spec.digest, data)
+        compiled = self._checked("disk", key, spec.digest, data)
         if compiled is not None:
             self._stats.inc("hits_disk")
             self.memory.put(key, compiled)
@@ -267,24 +278,35 @@ class CompileService:
         self._keep(spec, key, path, compiled)
         return Lookup(compiled, "compiled", seconds)
 
-    def _checked(self, spec_digest: str, data: bytes | None) -> CompiledConstraint | None:
-        """The entry ``data`` loaded, or None when there is none or it does not load (counted)."""
+    def _checked(
+        self, tier: str, key: str, spec_digest: str, data: bytes | None
+    ) -> CompiledConstraint | None:
+        """The entry sealed in ``data`` (read from ``tier`` for ``key``) loaded, or None when
+        there is none, its seal fails, or it does not load (counted, and logged once)."""
         if data is None:
             return None
-        try:
-            return CompiledConstraint.from_bytes(data, self.tok, spec_digest=spec_digest)
-        except CorruptEntry as e:
-            self._stats.inc("stale_entries" if isinstance(e, StaleEntry) else "corrupt_entries")
+        entry = self.sealer.open_entry(tier, key, data)
+        if entry is None:
             return None
+        try:
+            return CompiledConstraint.from_bytes(entry, self.tok, spec_digest=spec_digest)
+        except StaleEntry:
+            self._stats.inc("stale_entries")
+        except CorruptEntry:
+            self.sealer.reject(tier, "invalid")
+        return None
+
+    def _seal(self, key: str, entry: bytes) -> bytes:
+        return self.sealer.seal_entry(key, entry)
 
     def _via_redis(self, spec: ConstraintSpec, key: str, path: str, flight: Flight) -> Lookup:
         """Redis's entry (maybe once another replica compiled it), or compiled here and shared."""
         claim = self._claim(spec, key, flight)
-        compiled = self._checked(spec.digest, claim.data)
-        if compiled is None and claim.data is not None:  # corrupt or foreign: replace it
+        compiled = self._checked("redis", key, spec.digest, claim.data)
+        if compiled is None and claim.data is not None:  # rejected: replace it
             self.shared.discard(key)
             claim = self._claim(spec, key, flight)
-            compiled = self._checked(spec.digest, claim.data)
+            compiled = self._checked("redis", key, spec.digest, claim.data)
         if compiled is not None:
             self._stats.inc("hits_redis")
             self.memory.put(key, compiled)
@@ -317,7 +339,7 @@ class CompileService:
         if self.shared is not None:
             self._publishes.submit(self._publish, spec, key, path, compiled, lease)
         else:
-            self._writes.store(path, compiled)
+            self._writes.store(key, path, compiled)
 
     def _publish(
         self,
@@ -328,9 +350,10 @@ class CompileService:
         lease: Lease | None,
     ) -> None:
         """To Redis now (other replicas may be waiting for it), then to disk behind."""
-        data = compiled.to_bytes()
+        data = self._seal(key, compiled.to_bytes())
         extra = self._describe(spec) if self._describe is not None else None
-        self.shared.publish(key, data, lease, compiled.spec_digest, spec_bytes(spec, extra))
+        published = self.sealer.seal_spec(key, spec_bytes(spec, extra))
+        self.shared.publish(key, data, lease, compiled.spec_digest, published)
         self._writes.write(path, data)
 
     def _prefetch(self, key: str, spec_digest: str) -> None:
@@ -349,9 +372,10 @@ class CompileService:
         compiled = None
         try:
             data = self.shared.get(key)
-            compiled = self._checked(spec_digest, data)
+            compiled = self._checked("redis", key, spec_digest, data)
             if compiled is not None:  # ready before anyone uses it, requests that joined too
-                make_ready(compiled, key, self.tok, self.shared, self._prepare)
+                published = self._published_spec(key)
+                make_ready(compiled, self.tok, published, self._prepare)
                 self.memory.put(key, compiled)
         finally:  # whatever happened, the waiters get an answer
             self._flights.finish(key, flight)  # first: a waiter that looks again leads
@@ -365,6 +389,10 @@ class CompileService:
             return
         self._stats.inc("prefetched")
         self._writes.write(self.disk.path_for(key, self._fingerprint), data)  # as a Redis hit
+
+    def _published_spec(self, key: str) -> Callable[[], bytes | None]:
+        """Reads the constraint published beside ``key``'s entry, opened from its seal."""
+        return lambda: self.sealer.open_spec(key, self.shared.spec(key))
 
     def _compile_counted(
         self, spec: ConstraintSpec, key: str, flight: Flight
@@ -385,6 +413,25 @@ class CompileService:
         self._stats.inc("compiles")
         self._stats.observe_compile(seconds)
         return compiled, seconds
+
+
+def _seal_key(config: CacheConfig) -> SealKey | None:
+    """The key stored entries are sealed under: ``config.key_file``'s (a KeyFileError if it
+    cannot be used), else the cache folder's own (None where it cannot be read or made, or the
+    disk store is off: then no tier stores anything)."""
+    if config.key_file is not None:
+        return read_key_file(config.key_file)
+    if config.max_disk_bytes == 0:
+        return None
+    try:
+        return folder_key(config.root)
+    except (OSError, KeyFileError) as e:
+        log.warning(
+            "compiled-constraint cache: no key to seal disk entries with (%s); the disk store "
+            "is off (name a key file to use it)",
+            e,
+        )
+        return None
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

@@ -6,6 +6,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from corral.schema_cache.sealing import REASONS, TIERS
+
 #: Every counter the service keeps; all start at zero.
 COUNTERS = (
     "hits_memory",  # served from the in-process LRU
@@ -19,7 +21,9 @@ COUNTERS = (
     "worker_failures",  # compiles lost to a worker that died or could not start (HTTP 503)
     "compiles_cancelled",  # worker compiles stopped because no caller waited for them any more
     "deadline_overruns",  # compiles in the calling thread that finished after the deadline
-    "corrupt_entries",  # disk or Redis entries that were truncated, garbled or foreign: a miss
+    "corrupt_entries",  # disk or Redis entries rejected (``sealing``: unsealed, tampered, under
+    # another key, truncated, or sealed but not loading here): a miss; by tier and reason in
+    # ``rejected_entries``
     "stale_entries",  # disk or Redis entries compiled by another version of the grammar code
     "hits_redis",  # served from the shared Redis tier (compiled by this or another replica)
     "redis_lock_waits",  # misses that waited for another replica compiling the same entry
@@ -49,6 +53,7 @@ class CacheStats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._rejected = {(t, r): 0 for t in TIERS for r in REASONS}  # all shown from zero
         self._compile_s_sum = 0.0
         self._compile_n = 0
         self._recent: deque[float] = deque(maxlen=_RECENT)
@@ -56,6 +61,12 @@ class CacheStats:
     def inc(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counts[name] += n
+
+    def reject(self, tier: str, reason: str) -> None:
+        """A ``tier`` entry rejected for ``reason``; also counted in ``corrupt_entries``."""
+        with self._lock:
+            self._rejected[tier, reason] += 1
+            self._counts["corrupt_entries"] += 1
 
     def observe_compile(self, seconds: float) -> None:
         with self._lock:
@@ -68,9 +79,11 @@ class CacheStats:
             return self._counts[name]
 
     def snapshot(self) -> dict[str, Any]:
-        """All counters, ``compile_seconds_sum``/``_count`` and recent compile times (seconds)."""
+        """All counters, ``compile_seconds_sum``/``_count``, recent compile times (seconds) and
+        ``rejected_entries``: ``{"<tier>/<reason>": n}`` for every tier and reason."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
+            out["rejected_entries"] = {f"{t}/{r}": n for (t, r), n in self._rejected.items()}
             out["compile_seconds_sum"] = self._compile_s_sum
             out["compile_seconds_count"] = self._compile_n
             out["compile_seconds_recent"] = list(self._recent)

@@ -10,6 +10,7 @@ delays it, so a write waits until no miss is being answered and none was in the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from corral.grammar import CompiledConstraint
 from corral.schema_cache.config import CacheConfig
@@ -21,8 +22,16 @@ from corral.schema_cache.threads import SerialQueue, weak_gate
 class WriteBehind:
     """The disk writes of one compile service; a no-op where the disk store is disabled."""
 
-    def __init__(self, disk: DiskStore, flights: Flights, config: CacheConfig) -> None:
+    def __init__(
+        self,
+        disk: DiskStore,
+        flights: Flights,
+        config: CacheConfig,
+        seal: Callable[[str, bytes], bytes],
+    ) -> None:
+        """``seal(key, entry)``: the sealed frame the disk stores for an entry's bytes."""
         self._disk, self._flights, self._config = disk, flights, config
+        self._seal = seal
         self._last_miss_done = 0.0  # time.monotonic() when the last miss was answered
         self._queue = SerialQueue("corral-cache-write", gate=weak_gate(self._wait))
 
@@ -31,21 +40,21 @@ class WriteBehind:
         self._last_miss_done = time.monotonic()
 
     def write(self, path: str, data: bytes) -> None:
-        """Write an entry's bytes to ``path``, behind."""
+        """Write an entry's sealed bytes to ``path``, behind."""
         if self._disk.enabled:
             self._queue.submit(self._disk.write, path, data)
 
-    def store(self, path: str, compiled: CompiledConstraint) -> None:
-        """Serialise and write a compiled entry, both behind."""
+    def store(self, key: str, path: str, compiled: CompiledConstraint) -> None:
+        """Serialise, seal (for ``key``) and write a compiled entry, all behind."""
         if self._disk.enabled:
-            self._queue.submit(self._store, path, compiled)
+            self._queue.submit(self._store, key, path, compiled)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every write submitted so far is done; False if ``timeout`` passed first."""
         return self._queue.flush(timeout)
 
-    def _store(self, path: str, compiled: CompiledConstraint) -> None:
-        self._disk.write(path, compiled.to_bytes())
+    def _store(self, key: str, path: str, compiled: CompiledConstraint) -> None:
+        self._disk.write(path, self._seal(key, compiled.to_bytes()))
 
     def _wait(self, submitted: float) -> float:
         """Seconds a write submitted at ``submitted`` should still wait."""

@@ -30,7 +30,7 @@ from corral.engine.constrained.jump_forward import (
     reasoning_close,
 )
 from corral.engine.serving.config import EngineConfig
-from corral.engine.serving.core import Sequence, SequenceFailed
+from corral.engine.serving.core import Sequence, SequenceFailed, TokenSource
 from corral.engine.serving.postprocess import Postprocessor
 
 
@@ -105,13 +105,14 @@ class Drafter:
             seq.draft = self._draft(seq)
 
     def _force_all(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append a reasoning budget's end marker (a budget closed it: "closed")."""
         for tok in tokens:
             if seq.finish_reason is not None:
                 return
-            self._force(seq, tok)
+            self._force(seq, tok, "closed")
 
-    def _force(self, seq: Sequence, tok: int) -> None:
-        self._post.force(seq, tok)
+    def _force(self, seq: Sequence, tok: int, source: TokenSource = "forced") -> None:
+        self._post.force(seq, tok, source)
         seq.num_forced += 1
         for name in ("output_tokens", "forced_tokens", "jump_forward_tokens"):
             self._counters[name] += 1

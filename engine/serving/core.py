@@ -23,6 +23,11 @@ if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forw
     from corral.grammar.core.runtime import BudgetClose
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+#: How an output token was produced: drawn from the model's distribution ("sampled"); decided by
+#: the grammar ("forced": the mask allowed only it, or jump-forward proposed it from the text the
+#: grammar forces and the draw confirmed it); appended to end the output at a budget ("closed":
+#: budget closing at `max_tokens`, or a think block's end marker at its reasoning budget).
+TokenSource = Literal["sampled", "forced", "closed"]
 
 
 @dataclass(frozen=True)
@@ -170,11 +175,25 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """Log probability of one output token and, if asked, the `top` alternatives (id, logprob)."""
+    """Log probability of one output token and, if asked, the `top` alternatives (id, logprob).
+
+    `source`: how the token was produced (`TokenSource`). `allowed`: how many tokens the row it
+    was drawn from allowed (grammar mask and `min_tokens` ban; the whole vocabulary when
+    unconstrained), 1 for a token appended because the mask allowed only it, None for a closed
+    token (no row was drawn). A token not drawn from a row (forced without a pass, or closed)
+    was certain: its logprob is 0 and it is its own only alternative.
+    """
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    source: TokenSource = "sampled"
+    allowed: int | None = None
+
+    @staticmethod
+    def certain(token_id: int, source: TokenSource, top: int, allowed: int | None) -> TokenLogprob:
+        """A token appended without a draw (it had no alternative)."""
+        return TokenLogprob(token_id, 0.0, ((token_id, 0.0),) if top else (), source, allowed)
 
 
 @dataclass(frozen=True)

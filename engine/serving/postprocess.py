@@ -13,12 +13,19 @@ truncates the JSON. EOS is only sampled where the grammar allows it (the mask).
 Budget closing (`budget_close`): a token that would leave too few tokens to close the JSON is
 not taken; the shortest completion is appended instead and the output ends as "length".
 
+Provenance (with logprobs): every appended token's `TokenLogprob` says how it came
+(`core.TokenSource`): a drawn token the grammar decided (its row allowed only it, or it confirms
+a grammar draft) is "forced", the rest of the drawn ones "sampled"; tokens appended without a
+draw are "forced" (jump-forward) or "closed" (budget closing, a reasoning budget's end marker).
+
 Failures: a sampled token the matcher refuses (after one recovery of a matcher in error, see
 `grammar_masks.accept_checked`), or a row with no allowed token, raises `SequenceFailed`
 ("constraint_failed"); the engine then ends the sequence with finish reason "error" (`fail`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from corral.engine.constrained.masks import accept_checked, constraint_failed
 from corral.engine.serving.core import (
@@ -28,6 +35,7 @@ from corral.engine.serving.core import (
     SeqStatus,
     Sequence,
     TokenLogprob,
+    TokenSource,
 )
 
 
@@ -46,15 +54,16 @@ class Postprocessor:
         draft = seq.draft
         appended = 0
         for i, tok in enumerate(tokens):
-            self._append(seq, tok, logprobs[i])
+            self._append(seq, tok, _provenance(seq, i, tok, logprobs[i]))
             appended += 1
             if seq.finish_reason is not None or i >= len(draft) or tok != draft[i]:
                 break
         return appended
 
-    def force(self, seq: Sequence, tok: int) -> None:
-        """Append a token the grammar forces (no logprob: such requests are never forced)."""
-        self._append(seq, tok, None)
+    def force(self, seq: Sequence, tok: int, source: TokenSource = "forced") -> None:
+        """Append a token without a draw: the grammar allowed only it ("forced"), or a
+        reasoning budget's end marker ("closed")."""
+        self._append(seq, tok, _certain(seq, tok, source))
 
     def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None) -> None:
         m = seq.matcher
@@ -62,7 +71,7 @@ class Postprocessor:
             raise constraint_failed("no token was allowed: the grammar mask was empty")
         steer = seq.budget
         if steer is not None and not steer.admits(seq, tok):
-            if steer.close(seq, lambda t: self._append(seq, t, None)):
+            if steer.close(seq, lambda t: self._append(seq, t, _certain(seq, t, "closed"))):
                 if seq.finish_reason is None:
                     self.finish(seq, "length")
                 seq.finish_reason = "length"  # the budget shaped it, whatever ended it
@@ -137,3 +146,20 @@ class Postprocessor:
             num_cached_tokens=seq.num_cached_tokens,
             error=seq.error,
         )
+
+
+def _provenance(seq: Sequence, i: int, tok: int, lp: TokenLogprob | None) -> TokenLogprob | None:
+    """Row `i`'s logprob, marked "forced" where the grammar decided the drawn token: its row
+    allowed nothing else, or it confirms draft token `i` of a grammar draft (not a lookup)."""
+    if lp is None or seq.matcher is None:
+        return lp
+    confirms = i < len(seq.draft) and tok == seq.draft[i] and not seq.draft_looked_up
+    return replace(lp, source="forced") if confirms or lp.allowed == 1 else lp
+
+
+def _certain(seq: Sequence, tok: int, source: TokenSource) -> TokenLogprob | None:
+    """The logprob entry of a token appended without a draw (None unless logprobs are asked)."""
+    p = seq.params
+    if not p.wants_logprobs:
+        return None
+    return TokenLogprob.certain(tok, source, p.top_logprobs, 1 if source == "forced" else None)

@@ -14,7 +14,9 @@ so each is reproducible on its own yet they differ.
 
 Logprobs are those of the masked distribution at temperature 1, after penalties (what
 `mask_kernels.sample` reports for the sampled token); `top_logprobs` come from the same one and
-omit masked alternatives (-inf), so they may be fewer than asked; every value is finite.
+omit masked alternatives (-inf), so they may be fewer than asked; every value is finite. With
+them each row reports how many tokens it allowed (finite logits after the mask and the
+`min_tokens` ban).
 
 Devices. Every tensor is made on the logits' device, from host lists copied asynchronously; on
 CUDA the grammar mask is fused into `mask_kernels.sample` when nothing reads the masked logits
@@ -93,10 +95,11 @@ def sample_on_device(
     else:
         bitmask = mask_rows = None
     bans = _early_stop_bans(specs, eos, logits.shape[1])
-    want_top = any(s.seq.params.top_logprobs for s in specs if s.seq.params.wants_logprobs)
+    want_lp = any(s.seq.params.wants_logprobs for s in specs)
     # On CUDA the mask is fused into the sampling kernel, unless something reads the masked
-    # logits before the draw (the min_tokens ban looks for rows left empty, top_logprobs ranks).
-    fused = bitmask is not None and dev.type == "cuda" and bans is None and not want_top
+    # logits before the draw (the min_tokens ban looks for rows left empty, logprobs rank the
+    # alternatives and count the allowed tokens).
+    fused = bitmask is not None and dev.type == "cuda" and bans is None and not want_lp
     if bitmask is not None and not fused:
         apply_bitmask_(logits, bitmask, mask_rows)
     if bans is not None:
@@ -121,7 +124,7 @@ def _flat(drawn: DeviceSample) -> torch.Tensor:
     parts = [result.tokens.double()]
     if top is not None:
         parts += [result.logprobs.double(), top.ids.double().reshape(-1)]
-        parts.append(top.values.double().reshape(-1))
+        parts += [top.values.double().reshape(-1), top.allowed.double()]
     return torch.cat(parts)
 
 
@@ -153,10 +156,12 @@ def _decode(
     tokens = [int(t) for t in flat[:n]]
     if top is None:
         return tokens, [None] * n
-    lps, k = flat[n : 2 * n], top.k
-    ids, values = flat[2 * n : 2 * n + len(top.rows) * k], flat[2 * n + len(top.rows) * k :]
-    alternatives = {}
+    lps, k, m = flat[n : 2 * n], top.k, len(top.rows)
+    ids, values = flat[2 * n : 2 * n + m * k], flat[2 * n + m * k : 2 * n + 2 * m * k]
+    counts = flat[2 * n + 2 * m * k :]
+    alternatives, allowed = {}, {}
     for r, i in enumerate(top.rows):
+        allowed[i] = int(counts[r])
         want = specs[i].seq.params.top_logprobs
         pairs = zip(ids[r * k : r * k + want], values[r * k : r * k + want], strict=True)
         # Masked alternatives (-inf) are omitted, so there may be fewer than asked.
@@ -166,7 +171,8 @@ def _decode(
         if not spec.seq.params.wants_logprobs:
             out.append(None)
         else:
-            out.append(TokenLogprob(tokens[i], lps[i], alternatives.get(i, ())))
+            top_i = alternatives.get(i, ())
+            out.append(TokenLogprob(tokens[i], lps[i], top_i, allowed=allowed.get(i)))
     return tokens, out
 
 
@@ -277,6 +283,7 @@ class _Top:
     k: int
     ids: torch.Tensor  # int64 [len(rows), k]
     values: torch.Tensor  # float32 [len(rows), k]
+    allowed: torch.Tensor  # int64 [len(rows)]: tokens with a finite logit
 
 
 def _top_logprobs(logits: torch.Tensor, specs: list[RowSpec]) -> _Top | None:
@@ -285,9 +292,10 @@ def _top_logprobs(logits: torch.Tensor, specs: list[RowSpec]) -> _Top | None:
     if not want:
         return None
     k = max(specs[i].seq.params.top_logprobs for i in want)
+    rows = logits[on_device(want, torch.int64, logits.device)]
+    allowed = torch.isfinite(rows).sum(dim=-1)
     if k == 0:
         empty = logits.new_zeros(len(want), 0)
-        return _Top(want, 0, empty.long(), empty.float())
-    lp = torch.log_softmax(logits[on_device(want, torch.int64, logits.device)].float(), dim=-1)
-    values, ids = lp.topk(k, dim=-1)
-    return _Top(want, k, ids, values)
+        return _Top(want, 0, empty.long(), empty.float(), allowed)
+    values, ids = torch.log_softmax(rows.float(), dim=-1).topk(k, dim=-1)
+    return _Top(want, k, ids, values, allowed)

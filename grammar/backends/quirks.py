@@ -320,6 +320,18 @@ TRY_CONSUME_HIDES_LEXER_LIMIT = Quirk(
     "copy's error state when it failed on a limit",
 )
 
+FORCED_BYTES_MASK_ONE_SPELLING = Quirk(
+    LLGUIDANCE,
+    "1.9.1",
+    "where the grammar forces bytes that tokenize into two or more tokens, the mask allows only "
+    'the first token of their canonical tokenization (after `{"collector`: only `":{"`), '
+    'while `consume_token` takes any spelling of them (`"`, `":`) and, in a flexible JSON '
+    "layout, whitespace before them: a mask stricter than the grammar, a false reject",
+    "backends/llg.py (_build, unforced) builds every matcher with llguidance's `no_forcing` "
+    "option, so the mask is the grammar's: the mask allows a token exactly when the matcher "
+    "accepts it (Corral's jump-forward tokenizes forced bytes itself)",
+)
+
 RAISES_WHEN_TERMINATED = Quirk(
     XGRAMMAR,
     "0.2.9",

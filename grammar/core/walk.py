@@ -20,8 +20,31 @@ def token_allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
 
 def allowed_tokens(bitmask: torch.Tensor, row: int, vocab_size: int) -> torch.Tensor:
     """The ids that ``bitmask[row]`` allows, as a 1-D int64 tensor."""
-    bits = np.unpackbits(bitmask[row].numpy().view(np.uint8), bitorder="little")[:vocab_size]
-    return torch.from_numpy(np.flatnonzero(bits))
+    return torch.from_numpy(np.flatnonzero(allowed_bits(bitmask, row, vocab_size)))
+
+
+def allowed_bits(bitmask: torch.Tensor, row: int, vocab_size: int) -> np.ndarray:
+    """``bitmask[row]`` as one bool per token id below ``vocab_size``."""
+    bits = np.unpackbits(bitmask[row].numpy().view(np.uint8), bitorder="little")
+    return bits[:vocab_size].astype(bool)
+
+
+def mask_accept_disagreements(
+    m: Matcher, allowed: np.ndarray, tokens: list[int]
+) -> list[tuple[int, bool]]:
+    """The tokens of ``tokens`` on which ``m``'s mask (``allowed``: one bool per token id, as
+    the caller filled it in ``m``'s present state) and ``m.accept`` disagree, each with the
+    mask's verdict. An accepted token is rolled back, so ``m`` is left as it was. The two must
+    agree token for token: generation follows the mask, while forced text (jump-forward,
+    budget closing, drafts) is verified with ``accept``."""
+    out = []
+    for t in tokens:
+        taken = m.accept(t)
+        if taken:
+            m.rollback(1)
+        if taken != bool(allowed[t]):
+            out.append((t, bool(allowed[t])))
+    return out
 
 
 def accepts(

@@ -44,3 +44,13 @@ def server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Serv
     srv = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), small)
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def r1_server(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """`corral serve --reasoning-format deepseek-r1`: SmolLM2's template does not open the
+    block, so (as the format says) its output starts inside it."""
+    args = ("--reasoning-format", "deepseek-r1", "--max-concurrent", "2", "--memory", "256MB")
+    srv = start_server(model_folder, tmp_path_factory.mktemp("corral-r1"), args)
+    yield srv
+    stop_server(srv)

@@ -11,7 +11,6 @@ import random
 
 import jsonschema
 import pytest
-from api_server import start_server, stop_server
 from test_api_tools import WEATHER, _Out, random_walk, request
 
 from corral.api.choices import ChoiceState
@@ -80,16 +79,6 @@ def test_tool_calls_after_the_block(smol_tokenizer, smol_tok_info) -> None:
     assert result.tool_calls and result.content is None
     for call in result.tool_calls:
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-
-
-@pytest.fixture(scope="module")
-def r1_server(model_folder, tmp_path_factory):
-    """`corral serve --reasoning-format deepseek-r1`: SmolLM2's template does not open the
-    block, so (as the format says) its output starts inside it."""
-    args = ("--reasoning-format", "deepseek-r1", "--max-concurrent", "2", "--memory", "256MB")
-    srv = start_server(model_folder, tmp_path_factory.mktemp("corral-r1"), args)
-    yield srv
-    stop_server(srv)
 
 
 ASK = [{"role": "user", "content": "Think about six times seven, then answer as JSON."}]

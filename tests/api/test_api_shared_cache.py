@@ -7,6 +7,7 @@ asked for it (prefetch), counted in `/metrics`."""
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import jsonschema
@@ -19,17 +20,31 @@ from corral.api.config import ServerConfig
 from corral.schema_cache.redis_store import ANNOUNCE, PREFIX
 
 
-def test_the_cache_url_must_name_a_redis() -> None:
-    assert ServerConfig(cache_url="redis://cache:6379/0").cache_url == "redis://cache:6379/0"
+def test_the_cache_url_must_name_a_redis(tmp_path) -> None:
+    key = key_file(tmp_path)
+    url = "redis://cache:6379/0"
+    assert ServerConfig(cache_url=url, cache_key_file=key).cache_url == url
     assert ServerConfig(cache_url="").cache_url is None
     with pytest.raises(ValueError, match="redis://"):
-        ServerConfig(cache_url="http://cache:6379")
+        ServerConfig(cache_url="http://cache:6379", cache_key_file=key)
+    with pytest.raises(ValueError, match="--cache-url needs --cache-key-file"):
+        ServerConfig(cache_url=url)
+
+
+def key_file(folder) -> str:
+    """The key file every server of a test shares (mode 0600)."""
+    path = folder / "cache.key"
+    if not path.exists():
+        path.write_bytes(os.urandom(32).hex().encode())
+        path.chmod(0o600)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
 def fleet_of_one(model_folder, tmp_path_factory):
     """A Redis and one `corral serve` that shares its compiled constraints there."""
     redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    key_file(redis.folder)
     server = start_server(model_folder, tmp_path_factory.mktemp("corral-cache"), args_for(redis))
     yield server, redis
     stop_server(server)
@@ -37,7 +52,8 @@ def fleet_of_one(model_folder, tmp_path_factory):
 
 
 def args_for(redis: RedisServer) -> tuple[str, ...]:
-    return ("--cache-url", redis.url, "--max-concurrent", "2", "--memory", "256MB")
+    return ("--cache-url", redis.url, "--cache-key-file", key_file(redis.folder),
+            "--max-concurrent", "2", "--memory", "256MB")  # fmt: skip
 
 
 def schema(key: str) -> dict:

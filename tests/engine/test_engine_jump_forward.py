@@ -184,3 +184,24 @@ def test_lookup_draft_follows_the_latest_earlier_occurrence(smollm2):
         assert got == brute(seq.all_ids(), 4)
         hits += bool(got)
     assert hits > 3  # the repeated objects were found
+
+
+def test_logprob_entries_name_the_tokens_the_grammar_forced(smollm2, phone):
+    """Entries say how many tokens each row allowed; a row that allowed one token is "forced"
+    (certain: logprob 0, its own only alternative); with jump-forward on, drafted tokens the draw
+    confirmed are "forced" too, so its forced positions include those of token-by-token decoding."""
+    prompts = [chat(smollm2, "What is the phone number of the town hall?")]
+    params = SamplingParams(max_tokens=20, temperature=0, logprobs=True, top_logprobs=2)
+    (on, off), _, _ = both(smollm2, prompts, params, [phone])
+    forced = {}
+    for name, choice in (("on", on[0][0]), ("off", off[0][0])):
+        for lp in choice.logprobs:
+            assert lp.allowed >= 1
+            if lp.allowed == 1:
+                assert lp.source == "forced" and lp.logprob == pytest.approx(0, abs=1e-5)
+                assert [t for t, _ in lp.top] == [lp.token_id]
+        forced[name] = {i for i, lp in enumerate(choice.logprobs) if lp.source == "forced"}
+        text = smollm2.tokenizer.decode([choice.token_ids[i] for i in sorted(forced[name])])
+        assert set("() -") <= set(text)  # the phone number's punctuation is the grammar's
+        assert any(lp.source == "sampled" and 1 < lp.allowed < 1000 for lp in choice.logprobs)
+    assert forced["off"] <= forced["on"]

@@ -6,6 +6,7 @@ Redis hit on the other, and streams, errors and disconnects behave as with one `
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import jsonschema
@@ -37,7 +38,11 @@ def schema_format(schema: dict, name: str = "x") -> dict:
 @pytest.fixture(scope="module")
 def fleet(model_folder, tmp_path_factory):
     redis = RedisServer(tmp_path_factory.mktemp("redis"))
-    args = ("--cpus", "2", "--cache-url", redis.url, "--max-concurrent", "2",
+    key = tmp_path_factory.mktemp("secrets") / "fleet.key"  # every replica seals under it
+    key.write_bytes(os.urandom(32).hex().encode())
+    key.chmod(0o600)
+    args = ("--cpus", "2", "--cache-url", redis.url, "--cache-key-file", str(key),
+            "--max-concurrent", "2",
             "--queue-limit", "2", "--memory", "256MB", "--compile-workers", "1",
             "--max-body-bytes", str(MAX_BODY))  # fmt: skip
     try:

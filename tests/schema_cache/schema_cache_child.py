@@ -1,10 +1,11 @@
-"""A separate process that uses the cache: ``schema_cache_child.py ROOT [SYNC_DIR [REDIS_URL]]``.
+"""A separate process that uses the cache: ``schema_cache_child.py ROOT [SYNC_DIR [REDIS_URL KEY_FILE]]``.
 
 It gets the constraints of ``schema_cache_helpers.regex_specs(N)``
 plus one JSON schema, check each compiled constraint with a real matcher, and print the
 service's stats as one JSON line. With SYNC_DIR, write ``SYNC_DIR/ready-<pid>`` once the
 tokenizer is loaded and wait for ``SYNC_DIR/go`` before touching the cache, so that several
-children can be started at the same moment. With REDIS_URL, the cache has that shared tier.
+children can be started at the same moment. With REDIS_URL, the cache has that shared tier,
+sealed under KEY_FILE.
 """
 
 from __future__ import annotations
@@ -49,13 +50,15 @@ def main() -> None:
     root = Path(sys.argv[1])
     sync = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     redis_url = sys.argv[3] if len(sys.argv) > 3 else None
+    key_file = sys.argv[4] if len(sys.argv) > 4 else None
     tok = llama3_tokenizer()
     _ = tok.llguidance
     if sync is not None:
         (sync / f"ready-{os.getpid()}").touch()
         while not (sync / "go").exists():
             time.sleep(0.005)
-    service = CompileService(tok, CacheConfig(root=root, isolation="thread", redis_url=redis_url))
+    config = CacheConfig(root=root, isolation="thread", redis_url=redis_url, key_file=key_file)
+    service = CompileService(tok, config)
     ok = all(accepts(service, spec, text) for spec, text in specs())
     service.flush()
     stats = service.stats()

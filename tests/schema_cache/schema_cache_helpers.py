@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from corral.grammar import ConstraintSpec
+from corral.schema_cache import entry_key
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "schema_cache_child.py"
@@ -36,7 +37,9 @@ def entry_files(root: Path) -> list[Path]:
 
 
 def disk_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+    """Bytes of every file under ``root`` but the key (``sealing.KEY_FILE_NAME``: no entry)."""
+    files = (p for p in Path(root).rglob("*") if p.is_file() and p.name != "seal.key")
+    return sum(p.stat().st_size for p in files)
 
 
 def nested_one_of(depth: int, width: int = 3) -> dict:
@@ -68,6 +71,56 @@ def rewrite_header(data: bytes, **changes: object) -> bytes:
     return data[:magic_len] + struct.pack("<I", len(new)) + new + data[start + n :]
 
 
+def write_key_file(path: Path, secret: bytes | None = None) -> Path:
+    """A key file at ``path``, mode 0600: ``secret``, or 64 random hex digits."""
+    path.write_bytes(secret if secret is not None else os.urandom(32).hex().encode())
+    path.chmod(0o600)
+    return path
+
+
+def sealed_entry(service, spec: ConstraintSpec, entry: bytes) -> bytes:
+    """``entry`` sealed as ``service`` seals ``spec``'s entry (its key, the spec's address)."""
+    return service.sealer.seal_entry(entry_key(spec.digest, service.tok.fingerprint), entry)
+
+
+def opened_entry(service, spec: ConstraintSpec, data: bytes) -> bytes:
+    """The entry inside the frame ``service`` stored for ``spec`` (the seal checked)."""
+    from corral.schema_cache.sealing import unseal
+
+    key = entry_key(spec.digest, service.tok.fingerprint)
+    return unseal(service.sealer.key, "entry:" + key, data)
+
+
+def forge(data: bytes, **changes: object) -> bytes:
+    """An entry (``CompiledConstraint.to_bytes``) with fields of its JSON header changed and
+    its sha256 checksum computed again: what anyone can make without the key."""
+    from corral.grammar.core.compiled import _seal
+
+    magic_len = len(b"CORRALCC")
+    (n,) = struct.unpack_from("<I", data, magic_len)
+    start = magic_len + 4
+    header, payload = json.loads(data[start : start + n]), data[start + n :]
+    header.update(changes)
+    header["seal"] = _seal(header, payload)
+    new = json.dumps(header).encode()
+    return data[:magic_len] + struct.pack("<I", len(new)) + new + payload
+
+
+FRAME_BYTES = 57  # a sealed frame's fields before the entry (``schema_cache.sealing``)
+
+
+def in_frame(change):
+    """``change`` applied to the entry inside a sealed frame, the frame's MAC kept."""
+    return lambda frame: reframe(frame, change(frame[FRAME_BYTES:]))
+
+
+def reframe(frame: bytes, entry: bytes) -> bytes:
+    """A sealed frame with its entry swapped for ``entry`` and its length field made to fit,
+    the MAC kept: what anyone can make of a genuine frame without the key."""
+    head = 8 + 1 + 8  # magic, version, key id; then the length and the MAC
+    return frame[:head] + struct.pack("<Q", len(entry)) + frame[head + 8 : FRAME_BYTES] + entry
+
+
 def start_child(root: Path, *args: str) -> subprocess.Popen:
     """Run schema_cache_child.py against the cache at ``root``; it prints one JSON line."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -80,13 +133,14 @@ def start_child(root: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def child_replica(tmp_path: Path, redis_url: str, make_service) -> tuple:
-    """Two replicas sharing one Redis, each with its own disk cache: a child process (started,
-    ready, waiting for ``sync / "go"``) and a service in this one. Returns (child, here, sync)."""
+def child_replica(tmp_path: Path, redis_url: str, make_service, key_file: Path) -> tuple:
+    """Two replicas sharing one Redis and ``key_file``, each with its own disk cache: a child
+    process (started, ready, waiting for ``sync / "go"``) and a service in this one. Returns
+    (child, here, sync)."""
     sync = tmp_path / "sync"
     sync.mkdir()
-    child = start_child(tmp_path / "child-disk", str(sync), redis_url)
-    here = make_service(redis_url=redis_url)
+    child = start_child(tmp_path / "child-disk", str(sync), redis_url, str(key_file))
+    here = make_service(redis_url=redis_url, key_file=key_file)
     wait_until(lambda: list(sync.glob("ready-*")), 300, "the child to get ready")
     return child, here, sync
 

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from schema_cache_helpers import entry_files
+from schema_cache_helpers import entry_files, write_key_file
 
 from corral import cli_cache
+from corral.schema_cache.sealing import KEY_FILE_NAME, read_key_file, unseal
 
 OBJECT = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 ARRAY = {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 1}
@@ -135,6 +136,29 @@ def test_warm_for_llama3_fills_another_tokenizer_folder(tmp_path, llama3_tokeniz
     assert "1 compiled" in run.stdout
     stats = cli("cache", "stats", cache_dir=cache_dir)
     assert f"/{llama3_tokenizer.fingerprint[:16]}: 1 entries" in stats.stdout
+
+
+def test_warm_seals_under_the_key_file_the_server_reads(tmp_path, llama3_tokenizer):
+    (tmp_path / "plain.json").write_text(json.dumps(OBJECT))
+    cache_dir, key = tmp_path / "cache", write_key_file(tmp_path / "fleet.key")
+    warm = ("cache", "warm", "--tokenizer", "llama3", str(tmp_path / "plain.json"))
+    run = cli(*warm, "--cache-key-file", str(key), cache_dir=cache_dir)
+    assert run.returncode == 0, run.stderr
+    assert "1 compiled" in run.stdout
+    [entry] = entry_files(cache_dir / "constraints")
+    address = "entry:" + entry.stem
+    unseal(read_key_file(key), address, entry.read_bytes())  # sealed under that key
+    assert not (cache_dir / "constraints" / KEY_FILE_NAME).exists()
+    again = cli(*warm, "--cache-key-file", str(key), cache_dir=cache_dir)
+    assert "0 compiled, 1 already cached" in again.stdout
+    # Without the key (the folder's own, generated now): another key, so compiled again.
+    other = cli(*warm, cache_dir=cache_dir)
+    assert "1 compiled, 0 already cached" in other.stdout, other.stdout
+    assert "1 cached entries were rejected" in other.stdout
+    unseal(read_key_file(cache_dir / "constraints" / KEY_FILE_NAME), address, entry.read_bytes())
+    missing = cli(*warm, "--cache-key-file", str(tmp_path / "nope.key"), cache_dir=cache_dir)
+    assert missing.returncode == 2 and "nope.key does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
 
 
 def test_warm_for_llama3_without_the_fuzz_extras_says_what_is_missing(

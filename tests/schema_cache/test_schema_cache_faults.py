@@ -118,7 +118,9 @@ def test_a_read_only_cache_directory_serves_what_it_has_and_compiles_the_rest(ma
     assert all(accepts(service, s, f"new{i}-zz0") for i, s in enumerate(new))  # from memory
 
 
-def test_a_full_cache_directory_is_counted_and_compiles_are_still_answered(make_service, tmpfs):
+def test_a_full_cache_directory_is_counted_and_compiles_are_still_answered(
+    make_service, tmpfs, key_file
+):
     where = tmpfs("256k")
     root = where / "constraints"
     root.mkdir()
@@ -129,7 +131,7 @@ def test_a_full_cache_directory_is_counted_and_compiles_are_still_answered(make_
                 f.flush()
     except OSError as e:
         assert e.errno == errno.ENOSPC
-    service = make_service(root=root)
+    service = make_service(root=root, key_file=key_file)  # no room for a new key
     specs = regex_specs(4, tag="full")
     for i, spec in enumerate(specs):
         assert accepts(service, spec, f"full{i}-ab1")

@@ -37,9 +37,9 @@ def listeners(redis) -> int:
 
 
 def test_an_entry_another_process_compiles_is_in_memory_here_before_anyone_asks(
-    redis, redis_server, make_service, tmp_path
+    redis, redis_server, make_service, tmp_path, key_file
 ):
-    child, here, sync = child_replica(tmp_path, redis_server.url, make_service)
+    child, here, sync = child_replica(tmp_path, redis_server.url, make_service, key_file)
     wait_until(lambda: listeners(redis) == 1, 10, "this replica to listen")
     (sync / "go").touch()
     theirs = finish_child(child)  # it compiled everything and published it
@@ -77,13 +77,17 @@ def test_a_request_during_the_load_joins_it_instead_of_loading_again(
     assert found.compiled.matcher().accept_tokens(ids) == len(ids)
 
 
-def test_entries_of_another_tokenizer_are_ignored(redis, redis_server, make_service, tmp_path):
+def test_entries_of_another_tokenizer_are_ignored(
+    redis, redis_server, make_service, tmp_path, key_file
+):
     here = make_service(redis_url=redis_server.url)
     # Llama-3's tokenizer ending turns on <|end_of_text|> only: another fingerprint, other keys.
     other = TokenizerInfo.from_tokenizer_json(
         llama3_tokenizer_path(), vocab_size=128256, eos_token_ids=[128001]
     )
-    config = CacheConfig(root=tmp_path / "other", redis_url=redis_server.url, isolation="thread")
+    config = CacheConfig(
+        root=tmp_path / "other", redis_url=redis_server.url, isolation="thread", key_file=key_file
+    )
     specs_ = regex_specs(3, tag="tok")
     with CompileService(other, config) as foreign:
         wait_until(lambda: listeners(redis) == 2, 10, "both replicas to listen")
@@ -145,7 +149,7 @@ def test_without_prefetch_nothing_listens(redis, redis_server, make_service, tmp
 
 
 def test_a_prefetched_constraint_is_prepared_before_its_first_request(
-    redis, redis_server, llama3_tokenizer, tmp_path
+    redis, redis_server, llama3_tokenizer, tmp_path, key_file
 ):
     """The server's per-constraint preparation (the API's budget closer and schema forms) runs
     on the constraint published beside the entry, with what the publisher's ``describe`` said
@@ -155,11 +159,12 @@ def test_a_prefetched_constraint_is_prepared_before_its_first_request(
     prepared: list[tuple[ConstraintSpec, dict]] = []
     said = {"forms": [["said by the publisher"]], "n": 1}
     here_config = CacheConfig(
-        root=tmp_path / "here", redis_url=redis_server.url, isolation="thread"
+        root=tmp_path / "here", redis_url=redis_server.url, isolation="thread", key_file=key_file
     )
     there_config = CacheConfig(
-        root=tmp_path / "publisher", redis_url=redis_server.url, isolation="thread"
-    )
+        root=tmp_path / "publisher", redis_url=redis_server.url, isolation="thread",
+        key_file=key_file,
+    )  # fmt: skip
     with (
         CompileService(
             llama3_tokenizer, here_config, prepare=lambda s, e: prepared.append((s, e))

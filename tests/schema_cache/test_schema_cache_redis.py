@@ -17,7 +17,9 @@ from schema_cache_helpers import (
     accepts,
     child_replica,
     finish_child,
+    opened_entry,
     regex_specs,
+    sealed_entry,
     wait_until,
 )
 
@@ -34,11 +36,11 @@ def redis_key(service, spec: ConstraintSpec) -> str:
 
 
 def test_two_processes_sharing_redis_compile_each_constraint_once(
-    redis, redis_server, make_service, tmp_path
+    redis, redis_server, make_service, tmp_path, key_file
 ):
     # Two replicas, each with its own disk cache and one Redis between them: a child process
     # and this one, going through the same constraints at the same moment.
-    child, here, sync = child_replica(tmp_path, redis_server.url, make_service)
+    child, here, sync = child_replica(tmp_path, redis_server.url, make_service, key_file)
     (sync / "go").touch()
     assert all(accepts(here, spec, text) for spec, text in specs())
     assert here.flush(timeout=30)
@@ -64,9 +66,12 @@ from corral.fuzz.tokenizers import llama3_tokenizer
 from corral.grammar import ConstraintSpec
 from corral.schema_cache import CacheConfig, CompileService
 root, url, ttl, schema = sys.argv[1], sys.argv[2], float(sys.argv[3]), json.loads(sys.argv[4])
+key_file = sys.argv[5]
 tok = llama3_tokenizer()
 _ = tok.llguidance
-config = CacheConfig(root=root, redis_url=url, redis_lock_ttl_s=ttl, isolation="thread")
+config = CacheConfig(
+    root=root, redis_url=url, redis_lock_ttl_s=ttl, isolation="thread", key_file=key_file
+)
 service = CompileService(tok, config)
 print("ready", flush=True)
 service.get_or_compile(ConstraintSpec.json_schema(schema))
@@ -80,7 +85,7 @@ WIDE = {
 
 
 def test_a_killed_compilers_lock_expires_and_another_replica_compiles(
-    redis, redis_server, make_service, tmp_path
+    redis, redis_server, make_service, tmp_path, key_file
 ):
 
     spec = ConstraintSpec.json_schema(WIDE)
@@ -88,7 +93,7 @@ def test_a_killed_compilers_lock_expires_and_another_replica_compiles(
     entry = redis_key(service, spec)
     lock = entry + ":lock"
     cmd = [sys.executable, "-c", COMPILER, str(tmp_path / "dead"), redis_server.url,
-           str(LOCK_TTL_S), json.dumps(WIDE)]  # fmt: skip
+           str(LOCK_TTL_S), json.dumps(WIDE), str(key_file)]  # fmt: skip
     compiler = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert compiler.stdout.readline().strip() == "ready"
@@ -111,7 +116,8 @@ def test_a_killed_compilers_lock_expires_and_another_replica_compiles(
     assert (stats["redis_lock_waits"], stats["compiles"], stats["hits_redis"]) == (1, 1, 0)
     assert service.flush(timeout=30)
     assert not redis.exists(lock)
-    shared = CompiledConstraint.from_bytes(redis.get(entry), service.tok, spec_digest=spec.digest)
+    data = opened_entry(service, spec, redis.get(entry))
+    shared = CompiledConstraint.from_bytes(data, service.tok, spec_digest=spec.digest)
     text = json.dumps({f"p{i}": i for i in range(3000)}, separators=(",", ":"))
     ids = service.tok.encode(text)
     m = shared.matcher()
@@ -181,15 +187,18 @@ def test_corrupt_and_old_version_redis_entries_are_recompiled_and_replaced(
     keys = [redis_key(writer, s) for s in specs_]
     redis.set(keys[0], redis.get(keys[0])[:40])  # truncated
     # An intact, sealed entry that an older Corral wrote (same key, other analysis version).
-    redis.set(keys[1], dataclasses.replace(compiled[1], analysis_version="0" * 64).to_bytes())
+    old = dataclasses.replace(compiled[1], analysis_version="0" * 64).to_bytes()
+    redis.set(keys[1], sealed_entry(writer, specs_[1], old))
 
     reader = make_service(root=tmp_path / "reader", redis_url=redis_server.url)
     assert [reader.lookup(s).source for s in specs_] == ["compiled", "compiled", "redis"]
     stats = reader.stats()
     assert (stats["corrupt_entries"], stats["stale_entries"]) == (1, 1)
+    assert stats["rejected_entries"]["redis/truncated"] == 1
     assert (stats["compiles"], stats["hits_redis"]) == (2, 1)
     assert all(accepts(reader, s, f"bad{i}-xy7") for i, s in enumerate(specs_))
     assert reader.flush(timeout=30)
     for spec, key in zip(specs_, keys, strict=True):  # replaced by valid, current entries
-        entry = CompiledConstraint.from_bytes(redis.get(key), reader.tok, spec_digest=spec.digest)
+        data = opened_entry(reader, spec, redis.get(key))
+        entry = CompiledConstraint.from_bytes(data, reader.tok, spec_digest=spec.digest)
         assert entry.analysis_version == ANALYSIS_VERSION

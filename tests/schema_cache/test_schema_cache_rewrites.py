@@ -8,7 +8,7 @@ import json
 import struct
 
 import pytest
-from schema_cache_helpers import entry_files
+from schema_cache_helpers import entry_files, opened_entry, sealed_entry
 
 from corral.grammar import CompiledConstraint, ConstraintSpec, CorruptEntry
 from corral.grammar.core.compiled import _seal
@@ -30,7 +30,7 @@ EXPECTED = (
 
 
 def test_rewrites_are_the_same_from_a_worker_memory_disk_and_redis(
-    make_service, redis, redis_server, tmp_path
+    make_service, redis, redis_server, tmp_path, key_file
 ):
     spec = ConstraintSpec.json_schema(SCHEMA)
     writer = make_service(isolation="process", redis_url=redis_server.url)
@@ -40,7 +40,7 @@ def test_rewrites_are_the_same_from_a_worker_memory_disk_and_redis(
     assert again.source == "memory" and again.compiled.rewrites == EXPECTED
     assert writer.flush(timeout=30)
 
-    from_disk = make_service().lookup(spec)
+    from_disk = make_service(key_file=key_file).lookup(spec)  # the key it was sealed under
     assert from_disk.source == "disk" and from_disk.compiled.rewrites == EXPECTED
     replica = make_service(root=tmp_path / "replica", redis_url=redis_server.url)
     from_redis = replica.lookup(spec)
@@ -65,10 +65,13 @@ def test_garbled_rewrite_records_are_a_miss(make_service, cache_root, llama3_tok
     writer.lookup(spec)
     assert writer.flush(timeout=30)
     [path] = entry_files(cache_root)
-    good = path.read_bytes()
+    good = opened_entry(writer, spec, path.read_bytes())
     for bad in ([["/x", "oneOf"]], [[1, 2, 3]], "oneOf", [None]):
-        path.write_bytes(resealed(good, rewrites=bad))
+        entry = resealed(good, rewrites=bad)
         with pytest.raises(CorruptEntry, match="garbled header records"):
-            CompiledConstraint.from_bytes(path.read_bytes(), llama3_tokenizer)
-        found = make_service().lookup(spec)
+            CompiledConstraint.from_bytes(entry, llama3_tokenizer)
+        path.write_bytes(sealed_entry(writer, spec, entry))  # sealed under the key, yet wrong
+        service = make_service()
+        found = service.lookup(spec)
         assert found.source == "compiled" and found.compiled.rewrites == EXPECTED
+        assert service.stats()["rejected_entries"]["disk/invalid"] == 1

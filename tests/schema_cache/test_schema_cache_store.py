@@ -12,6 +12,7 @@ from schema_cache_helpers import (
     disk_bytes,
     entry_files,
     finish_child,
+    in_frame,
     regex_specs,
     rewrite_header,
     start_child,
@@ -83,10 +84,12 @@ MANGLERS = {
     "garbled_payload": _flip_tail,
     "garbled_header": lambda d: d[:12] + b"\xff" * 16 + d[28:],
     "random_bytes": lambda d: os.urandom(len(d)),
-    "foreign_format_version": lambda d: rewrite_header(d, format=999),
-    "foreign_backend_version": lambda d: rewrite_header(d, backend_version="0.0.0-elsewhere"),
-    "foreign_tokenizer": lambda d: rewrite_header(d, tokenizer="0" * 64),
-    "another_constraint": lambda d: rewrite_header(d, spec_digest="1" * 64),
+    "foreign_format_version": in_frame(lambda d: rewrite_header(d, format=999)),
+    "foreign_backend_version": in_frame(
+        lambda d: rewrite_header(d, backend_version="0.0.0-elsewhere")
+    ),
+    "foreign_tokenizer": in_frame(lambda d: rewrite_header(d, tokenizer="0" * 64)),
+    "another_constraint": in_frame(lambda d: rewrite_header(d, spec_digest="1" * 64)),
 }
 
 

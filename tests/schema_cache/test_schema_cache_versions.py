@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from schema_cache_child import JSON_SCHEMA, JSON_VALID
-from schema_cache_helpers import entry_files, regex_specs
+from schema_cache_helpers import entry_files, opened_entry, regex_specs, sealed_entry
 
 import corral.grammar
 from corral.grammar import CompiledConstraint, ConstraintError, ConstraintSpec, StaleEntry
@@ -94,7 +94,7 @@ def test_an_entry_written_under_another_backend_version_is_a_miss_and_a_recompil
     )
     theirs = Path(writer.disk.path_for(other_key, writer.tok.fingerprint))
     theirs.parent.mkdir(parents=True, exist_ok=True)
-    theirs.write_bytes(compiled.to_bytes())
+    theirs.write_bytes(writer.sealer.seal_entry(other_key, compiled.to_bytes()))
     ours.unlink()
 
     reader = make_service()
@@ -117,9 +117,9 @@ def test_an_entry_from_another_analysis_version_is_a_counted_miss_never_served(
     [path] = entry_files(cache_root)
     # An intact, sealed entry that an older Corral wrote (same key, other analysis version).
     old = dataclasses.replace(compiled, analysis_version="0" * 64)
-    path.write_bytes(old.to_bytes())
+    path.write_bytes(sealed_entry(writer, spec, old.to_bytes()))
     with pytest.raises(StaleEntry):
-        CompiledConstraint.from_bytes(path.read_bytes(), writer.tok)
+        CompiledConstraint.from_bytes(old.to_bytes(), writer.tok)
 
     service = make_service()
     found = service.lookup(spec)
@@ -129,9 +129,8 @@ def test_an_entry_from_another_analysis_version_is_a_counted_miss_never_served(
     stats = service.stats()
     assert (stats["stale_entries"], stats["compiles"], stats["hits_disk"]) == (1, 1, 0)
     service.flush()
-    assert CompiledConstraint.from_bytes(path.read_bytes(), service.tok).analysis_version == (
-        ANALYSIS_VERSION
-    )
+    entry = opened_entry(service, spec, path.read_bytes())
+    assert CompiledConstraint.from_bytes(entry, service.tok).analysis_version == ANALYSIS_VERSION
 
 
 def test_the_memory_cache_is_bounded_in_bytes_least_recently_used_first(make_service):
