@@ -219,6 +219,9 @@ class HttpTarget:
             out.status, out.reason = REFUSED, samples[0][0].text
         elif not out.judged and out.walks.get(LENGTH) == n:
             out.reason = f"{ALL_CUT} ({self.cfg.max_tokens})"
+        elif not out.judged and not out.reason:  # refusals and cut outputs, mixed
+            seen = ", ".join(f"{v} {k}" for k, v in sorted(out.walks.items()))
+            out.reason = f"no output could be judged ({seen}): {samples[0][0].text}"
         for f in out.failures:
             if f.kind == K.UNSOUND and f.text is not None and self.cfg.shrink:
                 await asyncio.to_thread(shrink_output, f, self.cfg.shrink_seconds)
