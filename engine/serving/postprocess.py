@@ -21,6 +21,7 @@ Failures: a sampled token the matcher refuses (after one recovery of a matcher i
 from __future__ import annotations
 
 from corral.engine.constrained.masks import accept_checked, constraint_failed
+from corral.engine.serving import prompt_logprobs
 from corral.engine.serving.core import (
     EngineFailure,
     FinishReason,
@@ -119,6 +120,7 @@ class Postprocessor:
             num_cached_tokens=seq.num_cached_tokens,
             error=seq.error,
             budget_close=seq.budget.report(seq) if final and seq.budget else None,
+            prompt_logprobs=prompt_logprobs.pending(seq),
         )
         seq.pending_ids = []
         seq.pending_logprobs = []
