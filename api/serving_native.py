@@ -1,6 +1,6 @@
 """SGLang's native HTTP API beside the OpenAI one: ``POST /generate`` (``serving_generate``),
-``GET /get_model_info``, ``GET /get_server_info``, ``GET /health_generate`` and
-``POST /flush_cache``. Same API key, limits and error mapping as the ``/v1`` endpoints.
+``GET /get_model_info``, ``GET /get_server_info``, ``GET /health_generate``,
+``POST /flush_cache`` and ``POST /concate_and_append_request`` (accepted; nothing spliced). Same API key, limits and error mapping as the ``/v1`` endpoints.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from corral import __version__
 from corral.api.engine_call import EngineCall, require_engine
 from corral.api.errors import unavailable
+from corral.api.messages import _Closed
 from corral.api.protocol_generate import GenerateRequest
 from corral.api.serving_generate import create_generate
 from corral.api.state import ServerState
@@ -56,7 +57,7 @@ def add_native_routes(
         }
         return JSONResponse(body)
 
-    @app.get("/health_generate", dependencies=dependencies)
+    @app.get("/health_generate", dependencies=dependencies, response_class=Response)
     async def health_generate(request: Request) -> Response:
         """200 once the engine has generated one token now; 503 (with Retry-After) when it
         cannot serve or did not within the timeout."""
@@ -69,13 +70,31 @@ def add_native_routes(
                               f"{HEALTH_GENERATE_TIMEOUT_S:g} s", "engine_busy", 1) from None  # fmt: skip
         return Response(status_code=200)
 
-    @app.post("/flush_cache", dependencies=dependencies)
+    @app.post("/concate_and_append_request", dependencies=dependencies)
+    async def concat_and_append(body: ConcatRequest) -> JSONResponse:
+        """SGLang's parallel encoding would splice the branches' KV (computed at other
+        positions, so not the model's exact KV) behind the joined text. Corral keeps exact KV:
+        nothing is spliced, and the program's next request, which carries the joined text,
+        reuses whatever prefix of it the radix cache holds. The answer says so."""
+        return JSONResponse({"success": True, "concatenated": False,
+                             "message": "exact KV only: the joined text is prefilled by the "
+                             "next request that carries it"})  # fmt: skip
+
+    @app.post("/flush_cache", dependencies=dependencies, response_class=PlainTextResponse)
     async def flush_cache(request: Request) -> PlainTextResponse:
         """Drop every prefix-cache entry no running request holds (those in use stay)."""
         state = state_of(request)
         require_engine(state)
         freed = await state.engine.flush_cache()
         return PlainTextResponse(f"Cache flushed: {freed} tokens freed.\n")
+
+
+class ConcatRequest(_Closed):
+    """SGLang's ``/concate_and_append_request`` body (what ``fork(...).join
+    ("concate_and_append")`` sends after appending the branches' text itself)."""
+
+    src_rids: list[str]
+    dst_rid: str
 
 
 def _model_info(state: ServerState) -> dict[str, Any]:

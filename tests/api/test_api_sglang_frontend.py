@@ -63,6 +63,7 @@ def extract(s):
 
 def test_gen_with_and_without_constraints(backend):
     state = extract.run(backend=backend)
+    assert state.error() is None, state.error()
     # dtype is a regex (SGLang's REGEX_INT / REGEX_FLOAT) ended by a space or a newline
     assert re.fullmatch(r"[-+]?[0-9]+", state["sum"]), state["sum"]
     assert re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+", state["pi"]), state["pi"]
@@ -126,6 +127,7 @@ def test_fork_branches_share_the_prefix_and_join_in_order(backend, server, smol_
     before = hit_tokens(server)
     state = facts.run(branches=3, backend=backend)
     text = state.text()
+    assert state.error() is None, state.error()
     positions = [text.index(f"Fact {i}:") for i in (1, 2, 3)]
     assert positions == sorted(positions)
     # each branch's request found the prefix the fork cached (all but its last token or so)
