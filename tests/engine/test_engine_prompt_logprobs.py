@@ -97,3 +97,19 @@ def test_flush_cache_keeps_entries_in_use(smollm2):
     engine.check_integrity()
     engine.flush_cache()
     assert engine.stats()["radix_cached_tokens"] == 0
+
+
+def test_requests_sent_together_prefill_their_shared_prefix_once(smollm2):
+    """A fork's branches arrive at once with the same document: one prefills it, the others
+    wait for it in the radix cache instead of computing it again."""
+    engine = make_engine(smollm2)
+    doc = smollm2.tokenizer.encode(TEXT * 4)
+    branches = [doc + smollm2.tokenizer.encode(f" Question {i}: why?") for i in range(4)]
+    for ids in branches:
+        engine.add_request(ids, SamplingParams(max_tokens=2, temperature=0))
+    engine.run_until_done()
+    stats = engine.stats()
+    prefilled = stats["prompt_tokens"] - stats["radix_hit_tokens"]
+    own = sum(len(ids) - len(doc) for ids in branches)
+    assert prefilled <= len(doc) + own, (prefilled, len(doc), own)
+    engine.check_integrity()
