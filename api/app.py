@@ -36,6 +36,7 @@ from corral.api.responses import (
 from corral.api.serving_chat import create_chat_completion
 from corral.api.serving_completion import create_completion
 from corral.api.serving_constraints import ConstraintReceipt, constraint_receipt
+from corral.api.serving_native import add_native_routes
 from corral.api.serving_responses import RESPONSE_DOC, create_response
 from corral.api.state import ServerState
 
@@ -175,6 +176,8 @@ def _add_routes(app: FastAPI) -> None:
     async def metrics(request: Request) -> Response:
         body = _state(request).metrics.render()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    add_native_routes(app, v1, _state)  # SGLang's /generate and friends
 
 
 def _card(state: ServerState) -> ModelCard:

@@ -89,6 +89,7 @@ class ServerConfig:
     mask_threads: int | None = None
     mask_deadline_ms: float = 20.0
     overlap: bool = False
+    prefix_cache: bool = True
     cuda_graphs: bool = True
     cache_dir: str | None = None
     log_level: str = "info"
@@ -220,6 +221,7 @@ class ServerConfig:
             mask_threads=self.mask_threads,
             mask_grace_ms=self.mask_deadline_ms if self.mask_deadline_ms > 0 else None,
             overlap=self.overlap,
+            prefix_cache=self.prefix_cache,
             cuda_graphs=self.cuda_graphs,
         )
 
@@ -281,6 +283,9 @@ SETTINGS: tuple[Setting, ...] = (
             "true: schedule step n+1 and start the model on it before step n's tokens are "
             "read back and postprocessed (same outputs); default false (no gain measured on "
             "the CPU)"),
+    Setting("prefix_cache", "--prefix-cache", "CORRAL_PREFIX_CACHE", parse_bool,
+            "true (default): prompts reuse the KV of the prefixes the radix cache holds; false: "
+            "every prompt is prefilled whole (a baseline for benches)"),
     Setting("cuda_graphs", "--cuda-graphs", "CORRAL_CUDA_GRAPHS", parse_bool,
             "on CUDA: replay decode steps from CUDA graphs captured per batch-size bucket "
             "(default true; false or --no-cuda-graphs: every step eager); ignored on the CPU"),

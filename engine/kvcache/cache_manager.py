@@ -36,12 +36,13 @@ class CacheManager:
         query: the tree and its LRU clocks stay as they are."""
         if not self.prefix_cache:
             return 0
-        return int(self.radix.match_prefix(seq.tokens(0, seq.num_tokens - 1))[0].numel())
+        return int(self.radix.match_prefix(seq.tokens(0, seq.reuse_limit))[0].numel())
 
     def admit(self, seq: Sequence) -> None:
-        """Reuse the longest cached prefix of `seq` (all but its last token) and lock it."""
+        """Reuse the longest cached prefix of `seq` (at most `seq.reuse_limit` tokens: all but
+        its last, or fewer where its prompt logprobs need the logits) and lock it."""
         if self.prefix_cache:
-            idx, match = self.radix.match_prefix(seq.tokens(0, seq.num_tokens - 1))
+            idx, match = self.radix.match_prefix(seq.tokens(0, seq.reuse_limit))
         else:
             idx, match = self.radix.match_prefix(())
         seq.kv, seq.node = idx, self.radix.lock(match)

@@ -173,6 +173,17 @@ class AsyncEngine:
             if remaining:
                 self._abort_once_added(rid, accepted)
 
+    async def flush_cache(self) -> int:
+        """Drop every prefix-cache entry no request holds, on the engine thread between steps;
+        returns the tokens freed. Entries locked by running requests stay."""
+        self._check_available()
+        if self._loop is None:
+            raise RuntimeError("call `await engine.start()` before flush_cache()")
+        done = self._loop.create_future()
+        self._inbox.put(("flush", done))
+        self._wake.set()
+        return await done
+
     def abort(self, request_id: str) -> None:
         """Abort a request at any point (thread-safe, idempotent)."""
         self._inbox.put(("abort", request_id))
@@ -289,6 +300,9 @@ class AsyncEngine:
             if cmd[0] == "abort":
                 self._deliver(self.engine.abort(cmd[1]))
                 continue
+            if cmd[0] == "flush":
+                self._resolve(cmd[1], None, self.engine.flush_cache())
+                continue
             _, rid, prompt, params, constraint, accepted = cmd
             try:
                 self.engine.add_request(prompt, params, constraint, rid)
@@ -297,12 +311,14 @@ class AsyncEngine:
                 continue
             self._resolve(accepted, None)
 
-    def _resolve(self, fut: asyncio.Future, error: BaseException | None) -> None:
+    def _resolve(
+        self, fut: asyncio.Future, error: BaseException | None, result: Any = None
+    ) -> None:
         def settle() -> None:
             if fut.done():
                 return
             if error is None:
-                fut.set_result(None)
+                fut.set_result(result)
             else:
                 fut.set_exception(error)
 
@@ -322,7 +338,7 @@ class AsyncEngine:
 
     def _refuse_inbox(self, error: BaseException) -> None:
         for cmd in self._pending():
-            if cmd[0] == "add":
+            if cmd[0] in ("add", "flush"):
                 self._resolve(cmd[-1], error)
 
     def _fail_streams(self, error: BaseException) -> None:

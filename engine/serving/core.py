@@ -100,6 +100,12 @@ class SamplingParams:
     allows nothing but EOS (or a stop token) earlier, the grammar wins and the output ends.
     `ignore_eos`: EOS does not end the output (unconstrained requests; a grammar still ends it).
     `reasoning_budget`: the think block of a reasoning model is closed after that many tokens.
+    `max_tokens` 0 prefills the prompt and ends ("length") without sampling: its KV stays in
+    the prefix cache for the requests that share it. `prompt_logprobs_from` (a prompt position
+    p, or None): the log probability of every prompt token from p on (from 1 on: token 0 has
+    none) given the tokens before it, with `top_logprobs` alternatives (the model's own
+    distribution: no penalty, mask or temperature), in `Output.prompt_logprobs`; the prefix
+    cache is then reused only up to the first position whose logits that needs.
     `budget_close`: the budget closing of what the constraint enforces
     (`grammar.core.runtime.BudgetClose`: a JSON schema's `JsonCloser`, or a structural tag's
     `TagCloser` for tool calls, with the tokenizer whose token bytes it reads; a server's
@@ -127,12 +133,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     reasoning_budget: ReasoningBudget | None = None
     budget_close: BudgetClose | None = None
+    prompt_logprobs_from: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         problems = [
-            (self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.max_tokens < 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
+            (
+                self.prompt_logprobs_from is not None and self.prompt_logprobs_from < 0,
+                "prompt_logprobs_from must be a prompt position >= 0",
+            ),
             (self.temperature < 0, f"temperature must be >= 0, got {self.temperature}"),
             (not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (not 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
@@ -172,6 +183,10 @@ class SamplingParams:
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
 
+    @property
+    def prefill_only(self) -> bool:
+        return self.max_tokens == 0
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -210,6 +225,8 @@ class Output:
     num_cached_tokens: int
     error: EngineFailure | None = None  # set when finish_reason is "error"
     budget_close: BudgetReport | None = None  # in the final Output, where budget closing acted
+    # with `prompt_logprobs_from` p, once: prompt tokens max(p, 1) .. end, in order
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass
@@ -225,8 +242,11 @@ class CollectedChoice:
     num_cached_tokens: int = 0
     error: EngineFailure | None = None
     budget_close: BudgetReport | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def add(self, out: Output) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = list(out.prompt_logprobs)
         self.text += out.text
         self.token_ids.extend(out.token_ids)
         if out.logprobs:
@@ -289,6 +309,9 @@ class Sequence:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
     seen_prompt: torch.Tensor | None = field(default=None, init=False)  # prompt ids (penalty)
     budget: BudgetSteer | None = field(default=None, init=False)  # with params.budget_close
+    # `prompt_logprobs_from`: the prompt tokens' logprobs computed so far; sent once, complete
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list, init=False)
+    prompt_logprobs_sent: bool = field(default=False, init=False)
 
     @property
     def num_tokens(self) -> int:
@@ -312,6 +335,16 @@ class Sequence:
         if start >= p:
             return self.output_ids[start - p : end - p]
         return self.prompt_ids[start:] + self.output_ids[: end - p]
+
+    @property
+    def reuse_limit(self) -> int:
+        """How many prompt tokens may come from the prefix cache: all but the last, or, with
+        prompt logprobs, up to the first position whose logits are still to be computed."""
+        limit = self.num_tokens - 1
+        start = self.params.prompt_logprobs_from
+        if start is not None:
+            limit = min(limit, max(start, 1) - 1 + len(self.prompt_logprobs))
+        return limit
 
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids

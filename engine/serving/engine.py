@@ -39,6 +39,7 @@ from corral.engine.constrained.drafter import Drafter
 from corral.engine.constrained.step_masks import StepMasks
 from corral.engine.execution.batch import ForwardBatch
 from corral.engine.kvcache.cache_manager import CacheManager
+from corral.engine.serving import prompt_logprobs
 from corral.engine.serving.config import IDLE_WAIT_S, EngineConfig
 from corral.engine.serving.core import (
     CollectedChoice,
@@ -139,6 +140,13 @@ class Engine:
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         validate_prompt(prompt, params, self.vocab_size, self.max_model_len, self.cache.capacity)
+        if self._overlap is not None and (
+            params.prefill_only or params.prompt_logprobs_from is not None
+        ):
+            raise RequestError(
+                "max_tokens 0 and prompt logprobs are not served with overlap scheduling; "
+                "start the server without --overlap"
+            )
         if request_id is not None and request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         if constraint is not None:
@@ -174,7 +182,8 @@ class Engine:
                 leader=seqs[0] if seqs else None,
             )
             seq.detok = Detokenizer(self.tokenizer, prompt, params.stop, params.skip_special_tokens)
-            self.drafter.start(seq)  # verified in the prefill pass
+            if not params.prefill_only:
+                self.drafter.start(seq)  # verified in the prefill pass
             seqs.append(seq)
         return seqs
 
@@ -189,6 +198,11 @@ class Engine:
             outputs.append(self.post.emit(seq))
             self.counters["aborted"] += 1
         return outputs
+
+    def flush_cache(self) -> int:
+        """Evict every prefix-cache entry no sequence holds; returns the tokens freed."""
+        radix = self.cache.radix
+        return radix.evict(radix.evictable_size) if radix.evictable_size else 0
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or (self._overlap is not None and self._overlap.has_work())
@@ -269,6 +283,9 @@ class Engine:
         fill = self.masks.start(rows, self._batches)
         try:
             logits = self.runner.forward(batch, self.pool)
+            if rows.prompt:
+                prompt_logprobs.take(logits[len(rows.specs) :], rows.prompt)
+                logits = logits[: len(rows.specs)]
         except BaseException:  # never leave fills running on matchers past a failed forward
             self.masks.settle(fill)
             raise
@@ -293,7 +310,7 @@ class Engine:
             if item.seq in sitting_out:
                 self.masks.sit_out(item)
                 continue
-            n_rows = item.draft_len + 1 if item.sample else 0
+            n_rows = item.draft_len + 1 if item.sample and not item.seq.params.prefill_only else 0
             if item.seq.finished:  # overlap: aborted while its step ran
                 row += n_rows
                 continue
@@ -322,6 +339,11 @@ class Engine:
         if not item.sample:
             seq.num_computed += item.num_new
             return None
+        if seq.params.prefill_only:  # the prompt has KV now: it goes to the tree as it ends
+            seq.num_computed += item.num_new
+            self.post.finish(seq, "length")
+            self._finish(seq)
+            return self.post.emit(seq)
         if seq.failure is not None:  # its mask fill failed: its sampled row means nothing
             raise SequenceFailed(seq.failure)
         self._take_sampled(seq, item, tokens, logprobs)

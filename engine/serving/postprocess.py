@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from corral.engine.constrained.masks import accept_checked, constraint_failed
+from corral.engine.serving import prompt_logprobs
 from corral.engine.serving.core import (
     EngineFailure,
     FinishReason,
@@ -128,6 +129,7 @@ class Postprocessor:
             num_cached_tokens=seq.num_cached_tokens,
             error=seq.error,
             budget_close=seq.budget.report(seq) if final and seq.budget else None,
+            prompt_logprobs=prompt_logprobs.pending(seq),
         )
         seq.pending_ids = []
         seq.pending_logprobs = []

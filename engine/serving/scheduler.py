@@ -13,7 +13,10 @@ Each step it decides which sequences run and how many tokens each feeds, under o
    chunked prefill is admitted at once and finishes first, instead of waiting for the whole
    prefill;
 3. waiting sequences, preempted ones first, then longest cached prefix first: admitted while
-   there is budget, a free seat (`max_num_seqs`) and memory for their first chunk.
+   there is budget, a free seat (`max_num_seqs`) and memory for their first chunk. A waiting
+   sequence whose prompt shares at least `SHARED_PREFILL_MIN` more tokens with a sequence
+   being prefilled than the prefix cache holds waits until that prefill is cached (in-batch
+   prefix sharing: the branches of a fork, sent together, prefill their common prefix once).
 
 A sequence whose grammar mask is still being filled for an earlier step (`Sequence.mask_busy`:
 its row missed the mask deadline, see `grammar_masks`) sits out until the fill ends; it keeps
@@ -35,6 +38,9 @@ from dataclasses import dataclass, field
 from corral.engine.kvcache.cache_manager import CacheManager
 from corral.engine.serving.config import EngineConfig
 from corral.engine.serving.core import SeqStatus, Sequence
+
+#: A waiting sequence defers to a running prefill that would give it this many more cached tokens.
+SHARED_PREFILL_MIN = 32
 
 
 @dataclass
@@ -188,7 +194,7 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.popleft()
-            if not _leader_ready(seq):
+            if not _leader_ready(seq) or self._shares_a_prefill(seq):
                 skipped.append(seq)
                 continue
             self.cache.admit(seq)
@@ -209,6 +215,25 @@ class Scheduler:
             plan.items.append(ScheduledSeq(seq, n + draft, draft, sample=n == left))
             budget -= n + draft
         self.waiting.extendleft(reversed(skipped))
+
+    def _shares_a_prefill(self, seq: Sequence) -> bool:
+        """A running sequence is prefilling a prefix of `seq`'s prompt that the tree lacks (by
+        at least `SHARED_PREFILL_MIN` tokens): `seq` waits to reuse it rather than compute it
+        again. Resumed (preempted) sequences never wait."""
+        if not self.cache.prefix_cache or seq.admitted_at >= 0:
+            return False
+        others = [s for s in self.running if s.prefilling and s.leader is None]
+        if not others:
+            return False
+        cached = self.cache.match_len(seq)
+        limit = seq.reuse_limit
+        for other in others:
+            if (
+                _common_prefix(seq.prompt_ids, other.prompt_ids, limit) - cached
+                >= SHARED_PREFILL_MIN
+            ):
+                return True
+        return False
 
     def _order_waiting(self) -> None:
         """Preempted sequences first (in their order), then longest cached prefix first."""
@@ -231,6 +256,14 @@ class Scheduler:
 def _own_tokens(seq: Sequence) -> int:
     """What a decode feeds before any draft: its last sampled token and the forced ones after."""
     return seq.num_tokens - seq.num_computed
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _leader_ready(seq: Sequence) -> bool:

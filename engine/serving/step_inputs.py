@@ -4,6 +4,8 @@ Each scheduled sequence feeds the tokens it lacks KV for, then its jump-forward 
 any). A sequence whose chunk reaches its last token is sampled: one row at its last real token,
 and one after each draft token, so a draft is verified in the same pass (see `jump_forward`).
 A constrained sampled sequence also gets a `MaskJob` that fills one bitmask row per row.
+A prefill-only sequence (`max_tokens` 0) has no sampling row. Rows for prompt logprobs
+(`prompt_logprobs`) come after every sampling row.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from corral.engine.constrained.masks import MaskJob
 from corral.engine.execution.batch import ForwardBatch
 from corral.engine.serving.core import Sequence
+from corral.engine.serving.prompt_logprobs import PromptRows, rows_for
 from corral.engine.serving.sampler import RowSpec
 from corral.engine.serving.scheduler import Schedule
 
@@ -27,6 +30,7 @@ class StepRows:
     specs: list[RowSpec] = field(default_factory=list)
     jobs: list[MaskJob] = field(default_factory=list)
     mask_rows: list[int] = field(default_factory=list)
+    prompt: list[PromptRows] = field(default_factory=list)  # after the sampling rows
 
     def without(self, sitting_out: set[Sequence]) -> tuple[list[int], list[int], StepRows]:
         """The rows left when `sitting_out` sequences skip sampling (their masks missed the
@@ -39,21 +43,27 @@ class StepRows:
             specs=[self.specs[i] for i in keep],
             jobs=[j for j in self.jobs if j.seq not in sitting_out],
             mask_rows=[new_index[self.mask_rows[j]] for j in mask_keep],
+            prompt=self.prompt,
         )
         return keep, mask_keep, left
 
 
 def step_inputs(plan: Schedule) -> tuple[ForwardBatch, StepRows]:
     """The forward batch of `plan` and the rows to sample from its logits."""
-    new_ids, kvs, logits_index = [], [], []
+    new_ids, kvs, logits_index, prompt_index = [], [], [], []
     rows = StepRows()
     start = 0
     for item in plan.items:
         seq, draft = item.seq, item.seq.draft[: item.draft_len]
         real = item.num_new - item.draft_len
-        new_ids.append(seq.tokens(seq.num_computed, seq.num_computed + real) + draft)
+        first = seq.num_computed
+        new_ids.append(seq.tokens(first, first + real) + draft)
         kvs.append(seq.kv)
-        if item.sample:
+        positions = rows_for(seq, first, first + real)
+        if positions:
+            prompt_index += [start + p - first for p in positions]
+            rows.prompt.append(PromptRows(seq, [seq.prompt_ids[p + 1] for p in positions]))
+        if item.sample and not seq.params.prefill_only:
             if seq.matcher is not None:
                 rows.jobs.append(MaskJob(seq, draft, len(rows.mask_rows)))
             for i in range(item.draft_len + 1):
@@ -62,5 +72,5 @@ def step_inputs(plan: Schedule) -> tuple[ForwardBatch, StepRows]:
                 logits_index.append(start + real - 1 + i)
                 rows.specs.append(RowSpec(seq, len(seq.output_ids) + i, draft[:i]))
         start += item.num_new
-    index = torch.tensor(logits_index, dtype=torch.int64)
+    index = torch.tensor(logits_index + prompt_index, dtype=torch.int64)
     return ForwardBatch.from_sequences(new_ids, kvs, index), rows

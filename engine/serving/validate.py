@@ -14,6 +14,12 @@ def validate_prompt(
         raise RequestError("the prompt is empty; send at least one token")
     if min(prompt) < 0 or max(prompt) >= vocab_size:
         raise RequestError(f"prompt token ids must lie in [0, {vocab_size})")
+    start = params.prompt_logprobs_from
+    if start is not None and start >= len(prompt):
+        raise RequestError(
+            f"prompt logprobs start at position {start} but the prompt has {len(prompt)} "
+            f"tokens; start at most at {len(prompt) - 1}"
+        )
     total = len(prompt) + params.max_tokens
     if total > max_model_len:
         raise RequestError(

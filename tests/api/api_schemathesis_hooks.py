@@ -47,6 +47,9 @@ def before_call(context, case, kwargs) -> None:
     if case.path == "/v1/responses":
         _servable_response(body)
         return
+    if case.path == "/generate":
+        _servable_generate(body)
+        return
     for key in ("max_tokens", "max_completion_tokens"):
         if _is_int(body.get(key)) and body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
@@ -102,6 +105,37 @@ def _servable_response(body: dict) -> None:
             body[key] = value
     if not body.get("stream"):
         body.pop("stream_options", None)
+
+
+#: /generate: SGLang's constraint fields, and options that only take one value
+GENERATE_CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
+GENERATE_ONLY = {"spaces_between_special_tokens": True, "no_stop_trim": False}
+
+
+def _servable_generate(body: dict) -> None:
+    """At most 4 prompts of at most 4 new tokens and 2 choices each; one constraint."""
+    for key in ("text", "input_ids"):
+        if isinstance(body.get(key), list) and body[key] and isinstance(body[key][0], str | list):
+            body[key] = body[key][:4]
+    params = body.get("sampling_params")
+    for sp in params if isinstance(params, list) else [params]:
+        if not isinstance(sp, dict):
+            continue
+        if not (_is_int(sp.get("max_new_tokens")) and sp["max_new_tokens"] <= MAX_TOKENS):
+            sp["max_new_tokens"] = MAX_TOKENS
+        if _is_int(sp.get("min_new_tokens")) and sp["min_new_tokens"] > MAX_TOKENS:
+            sp["min_new_tokens"] = MAX_TOKENS
+        if _is_int(sp.get("n")) and sp["n"] > 2:
+            sp["n"] = 2
+        sp.pop("stop_regex", None)
+        for key, value in GENERATE_ONLY.items():
+            if key in sp:
+                sp[key] = value
+        if isinstance(sp.get("json_schema"), str) and not _is_json(sp["json_schema"]):
+            sp["json_schema"] = "{}"
+        _keep_first(sp, GENERATE_CONSTRAINTS)
+    if "sampling_params" not in body:
+        body["sampling_params"] = {"max_new_tokens": MAX_TOKENS}
 
 
 def _keep_first(body: dict, keys: tuple[str, ...], drop: tuple[str, ...] = ()) -> None:
