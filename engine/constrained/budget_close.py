@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from corral.engine.serving.core import BudgetReport, Sequence
-from corral.grammar.closing.shortest import listed_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -153,19 +152,18 @@ def closing_after(
 
 
 def _char_ends(partial: PartialJson | PartialTag, pending: bytes) -> list[bytes]:
-    """Bytes that finish the character `pending` begins: those of each listed string the open
-    string may still become (its own next character), then the smallest valid ones. (Outside a
-    JSON string, in a tool call's free text for one, only the smallest valid ones.)"""
+    """Bytes that finish the character `pending` begins: those of each string the open string
+    (a value or a property name) is listed to become, its own next character, then the
+    smallest valid ones. Outside a JSON string (a tool call's free text), only the latter."""
     size = _utf8_len(pending[0])
     filler = bytes([_SECOND_BYTE.get(pending[0], 0x80)]) + b"\x80" * 3
     ends = []
-    top = partial.open_string()
-    for node in top.schemas if top is not None else ():
-        for v in listed_values(node) or ():
-            if isinstance(v, str) and v.startswith(top.text) and not top.escape:
-                spelt = v[len(top.text) :].encode()
-                if spelt.startswith(pending) and len(spelt) >= size:
-                    ends.append(spelt[len(pending) : size])
+    typed, listed = partial.open_string() or ("", [])
+    for v in listed:
+        if v.startswith(typed):
+            spelt = v[len(typed) :].encode()
+            if spelt.startswith(pending) and len(spelt) >= size:
+                ends.append(spelt[len(pending) : size])
     return [*dict.fromkeys(ends), filler[: size - len(pending)]]
 
 

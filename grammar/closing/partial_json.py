@@ -42,6 +42,7 @@ from corral.grammar.closing.shortest import (
     MAX_FILL,
     JsonCloser,
     Schema,
+    listed_values,
 )
 
 _Closing = tuple[str, list[str]]  # a closing text and the pointers it cuts short
@@ -63,8 +64,11 @@ class CharStream:
     def _char(self, ch: str) -> None:
         raise NotImplementedError
 
-    def open_string(self) -> Frame | None:
-        """The frame of the JSON string value being written, if the text ends inside one."""
+    def open_string(self) -> tuple[str, list[str]] | None:
+        """Where the text ends inside a JSON string (a value or a property name): what is typed
+        of it, and the strings it is listed to become (its schema's ``enum``/``const`` members,
+        or the declared property names that may still follow); None elsewhere, or inside an
+        escape sequence."""
         raise NotImplementedError
 
 
@@ -97,9 +101,16 @@ class PartialJson(CharStream):
             self.pos = base + i
             self._char(ch)
 
-    def open_string(self) -> Frame | None:
+    def open_string(self) -> tuple[str, list[str]] | None:
         top = self.stack[-1] if self.stack else None
-        return top if top is not None and top.kind == "string" else None
+        if top is None or top.kind not in ("string", "key") or top.escape:
+            return None
+        if top.kind == "string":
+            listed = (listed_values(node) or () for node in top.schemas)
+            return top.text, [v for values in listed for v in values if isinstance(v, str)]
+        obj = self.stack[-2]  # a property name: the declared names that may still follow
+        names = (next_names(node, obj.keys)[0] for node in obj.schemas if isinstance(node, dict))
+        return top.text, list(dict.fromkeys(n for found in names for n in found))
 
     def copy(self) -> PartialJson:
         new = PartialJson(self.closer, [copy.copy(f) for f in self.stack])

@@ -3,7 +3,7 @@ English sends it: hypothesis draws non-ASCII strings (multi-byte, astral, combin
 right-to-left, characters JSON escapes; `corral.fuzz.unicode`) into property values, enum
 members, keys, patterns, choices, tool arguments and prompts, and drives them through
 json_schema, json_object, regex, choice, structural tags, tools (required, auto, named),
-reasoning, `/v1/responses` and `/v1/completions`, streamed and not, at budgets from below the
+reasoning, `/v1/responses`, `/v1/completions` and SGLang's `/generate`, streamed and not, at budgets from below the
 shortest instance to ample, with the real default model and tokenizer.
 
 Every answer is a 200 (never a 5xx, never an error event in a stream) whose output validates
@@ -28,7 +28,8 @@ from corral.fuzz.unicode import regex_literal, unicode_choices, unicode_schemas,
 
 PATHS = (
     "json_schema", "json_object", "regex", "choice", "structural_tag", "tools_required",
-    "tools_auto", "tools_named", "reasoning", "responses", "completions",
+    "tools_auto", "tools_named", "reasoning", "responses", "completions", "generate",
+    "generate_regex",
 )  # fmt: skip
 BUDGETS = st.one_of(st.integers(1, 12), st.integers(13, 96))  # below the shortest ... ample
 SETTINGS = settings(
@@ -54,7 +55,7 @@ def _stream(server, path: str, body: dict) -> tuple[int, list[dict], str]:
     if r.status_code != 200:
         return r.status_code, [], raw
     lines = [ln[6:] for ln in raw.splitlines() if ln.startswith("data: ")]
-    if not path.endswith("responses"):  # chat and completions streams end so
+    if not path.endswith("responses"):  # chat, completions and /generate streams end so
         assert lines and lines[-1] == "[DONE]", raw[-600:]
     return r.status_code, [json.loads(x) for x in lines if x != "[DONE]"], raw
 
@@ -114,6 +115,19 @@ def _completion(body: dict | None, events: list[dict]) -> Outcome:
             out.text += choice.get("text") or ""
             out.finish = choice.get("finish_reason") or out.finish
             out.budget = choice.get("budget_close") or out.budget
+    return out
+
+
+def _generate(bodies: list[dict]) -> Outcome:
+    """SGLang's `/generate`: each streamed event carries the text so far; the last says how
+    it ended (it reports no budget closing, so "length" is a cut)."""
+    out = Outcome()
+    for part in bodies:
+        assert "error" not in part, part
+        assert part["text"].startswith(out.text), (part["text"], out.text)  # cumulative
+        out.text = part["text"]
+        finish = part["meta_info"].get("finish_reason")
+        out.finish = finish["type"] if finish else out.finish
     return out
 
 
@@ -209,6 +223,13 @@ def _case(path: str, data: st.DataObject) -> tuple[str, dict, Any]:
     if path == "responses":
         fmt = {"type": "json_schema", "name": "r", "schema": schema, "strict": True}
         return "/v1/responses", {"input": prompt, "text": {"format": fmt}}, valid_json
+    if path.startswith("generate"):
+        params: dict[str, Any] = {"json_schema": json.dumps(schema, ensure_ascii=False)}
+        judge: Any = valid_json
+        if path == "generate_regex":
+            alt = "(?:" + "|".join(regex_literal(c) for c in data.draw(unicode_choices())) + ")"
+            params, judge = {"regex": f"{alt}+"}, re.compile(f"{alt}+").fullmatch
+        return "/generate", {"text": prompt + "\n", "sampling_params": params}, judge
     assert path == "completions"
     fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
     return "/v1/completions", {"prompt": prompt + "\n", "response_format": fmt}, valid_json
@@ -233,14 +254,19 @@ def _run(server, path: str, data: st.DataObject) -> None:
     endpoint, body, judge = _case(path, data)
     limit = data.draw(BUDGETS, label="max_tokens")
     stream = data.draw(st.booleans(), label="stream")
-    budget_key = "max_output_tokens" if endpoint.endswith("responses") else "max_tokens"
-    body |= {"model": server.model, budget_key: limit, "temperature": 1.0}
-    if not endpoint.endswith("responses"):
+    if endpoint == "/generate":
+        body["sampling_params"] |= {"max_new_tokens": limit, "temperature": 1.0}
+    else:
+        budget_key = "max_output_tokens" if endpoint.endswith("responses") else "max_tokens"
+        body |= {"model": server.model, budget_key: limit, "temperature": 1.0}
+    if not endpoint.endswith("responses") and endpoint != "/generate":
         body["seed"] = data.draw(st.integers(0, 2**16), label="seed")
     if stream:
         status, events, raw = _stream(server, endpoint, body)
         assert status == 200, raw[-800:]
-        if endpoint.endswith("responses"):
+        if endpoint == "/generate":
+            out = _generate(events)
+        elif endpoint.endswith("responses"):
             out = _responses_stream(events)
         elif endpoint.endswith("chat/completions"):
             out = _chat_chunks(events)
@@ -249,7 +275,9 @@ def _run(server, path: str, data: st.DataObject) -> None:
     else:
         r = _post(server, endpoint, body)
         assert r.status_code == 200, r.text[:800]
-        if endpoint.endswith("responses"):
+        if endpoint == "/generate":
+            out = _generate([r.json()])
+        elif endpoint.endswith("responses"):
             out = _response(r.json())
         elif endpoint.endswith("chat/completions"):
             out = _chat_message(r.json())

@@ -255,3 +255,35 @@ def test_closed_tokens_get_logprob_entries_marked_closed(setup):
     for lp in choice.logprobs[first:]:
         assert lp.logprob == 0 and lp.top == ((lp.token_id, 0.0),) and lp.allowed is None
     assert all(lp.allowed >= 1 for lp in choice.logprobs[:first])
+
+
+@pytest.mark.parametrize("key", ["Ñ", "東京", "😀a", "é"])
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_split_character_in_a_property_name_closes_as_the_name_spells_it(key, closed):
+    """A token ending inside a multi-byte character of a property name: the closing finishes
+    the character as a declared name spells it. (Before, only a string value's listed members
+    were consulted; in a name the character was finished with a continuation byte that spelt
+    no declared name, no closing was known, and every answer under such a schema was closed at
+    once and ended "length".)"""
+    schema = {
+        "type": "object",
+        "properties": {key: {"type": "string", "maxLength": 5}, "n": {"type": "integer"}},
+        "required": [key],
+    }
+    if closed:
+        schema["additionalProperties"] = False
+    closer = JsonCloser.for_spec(ConstraintSpec.json_schema(schema))
+    judge = jsonschema.Draft202012Validator(schema)
+    text = json.dumps({key: "ab", "n": 1}, ensure_ascii=False).encode()
+    split = 0
+    for cut in range(1, len(text)):
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        partial = PartialJson.empty(closer)
+        partial.feed(decoder.decode(text[:cut]))
+        pending = decoder.getstate()[0]
+        found = closing_after(partial, pending)
+        assert found is not None, text[:cut]
+        full = text[:cut] + found[0] + found[1].encode()
+        assert judge.is_valid(json.loads(full)), full
+        split += pending != b""
+    assert split  # some cuts fell inside the name's characters
