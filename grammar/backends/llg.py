@@ -126,25 +126,7 @@ class Prototype:
 
 def _build(grammar: str, tok: TokenizerInfo, raised: Mapping[str, int]) -> Any:
     limits = llguidance.LLParserLimits(**effective_limits(raised))
-    return llguidance.LLMatcher(tok.llguidance, unforced(grammar), log_level=0, limits=limits)
-
-
-#: llguidance's grammar option that keeps the mask the grammar's where bytes are forced
-#: (``quirks.FORCED_BYTES_MASK_ONE_SPELLING``).
-_NO_FORCING = '%llguidance {"no_forcing": true}\n'
-
-
-def unforced(grammar: str) -> str:
-    """``grammar`` with llguidance's ``no_forcing`` option: the mask then allows every token
-    the matcher accepts, not only the canonical first token of forced bytes. A Lark grammar
-    takes the option in its text; a grammar list (JSON) takes it from one more, unreferenced
-    Lark grammar, since any grammar of the list that sets it sets it for their shared lexer."""
-    if not grammar.lstrip().startswith("{"):
-        return _NO_FORCING + grammar
-    top = json.loads(grammar)
-    option = {"name": "corral_no_forcing", "lark_grammar": _NO_FORCING + 'start: "x"'}
-    top["grammars"] = [*top["grammars"], option]
-    return json.dumps(top)
+    return llguidance.LLMatcher(tok.llguidance, grammar, log_level=0, limits=limits)
 
 
 def new_prototype(
@@ -233,6 +215,11 @@ class LLGuidanceMatcher(Matcher):
             self._ended = True
             self._tokens.append(token_id)
             return True
+        # Where the grammar forces bytes, the mask allows only the first token of their
+        # canonical tokenization, and so does accept (quirks.FORCED_BYTES_MASK_ONE_SPELLING).
+        forced = self._m.compute_ff_tokens()
+        if forced and token_id != forced[0]:
+            return False
         # A refused token leaves the matcher usable, unless it failed on a runtime limit.
         if try_consume(self._m, [token_id]) == 1:
             self._tokens.append(token_id)

@@ -327,9 +327,9 @@ FORCED_BYTES_MASK_ONE_SPELLING = Quirk(
     'the first token of their canonical tokenization (after `{"collector`: only `":{"`), '
     'while `consume_token` takes any spelling of them (`"`, `":`) and, in a flexible JSON '
     "layout, whitespace before them: a mask stricter than the grammar, a false reject",
-    "backends/llg.py (_build, unforced) builds every matcher with llguidance's `no_forcing` "
-    "option, so the mask is the grammar's: the mask allows a token exactly when the matcher "
-    "accepts it (Corral's jump-forward tokenizes forced bytes itself)",
+    "backends/llg.py (LLGuidanceMatcher.accept) refuses, where bytes are forced, every token "
+    "but the one the mask allows (llguidance's `compute_ff_tokens`): the mask keeps the "
+    "canonical spelling a model is trained on, and accept agrees with it token for token",
 )
 
 RAISES_WHEN_TERMINATED = Quirk(

@@ -27,7 +27,7 @@ from jsonschema import Draft202012Validator
 
 from corral.grammar import ConstraintSpec, compile_constraint
 from corral.grammar.backends import quirks as q
-from corral.grammar.backends.llg import json_options, unforced
+from corral.grammar.backends.llg import json_options
 from corral.grammar.backends.llg_limits import _MESSAGES, classify
 from corral.grammar.closing.partial_json import PartialJson
 from corral.grammar.closing.shortest import JsonCloser
@@ -592,8 +592,7 @@ def test_llguidance_1_9_1_try_consume_hides_lexer_limit(llama3_tokenizer):
 
 def test_llguidance_1_9_1_forced_bytes_mask_one_spelling(llama3_tokenizer):
     """llguidance 1.9.1: where bytes are forced, the mask allows only the first token of their
-    canonical tokenization while ``consume_token`` takes other spellings of them; with the
-    ``no_forcing`` option (what Corral builds) the mask allows them all.
+    canonical tokenization, while ``consume_token`` takes other spellings of them.
 
     Corral in spite of it: tests/grammar/test_grammar_mask_accept.py::
     test_mask_and_accept_agree_on_maskbench_instances."""
@@ -604,17 +603,15 @@ def test_llguidance_1_9_1_forced_bytes_mask_one_spelling(llama3_tokenizer):
     )
     spellings = [t for t in (tok.encode(s) for s in ('"', '":', '":{"')) if len(t) == 1]
     assert len(spellings) == 3, "the Llama-3 tokenizer spells each of these as one token"
-    allowed = {}
-    for name, g in (("forcing", grammar), ("no_forcing", unforced(grammar))):
-        m = matcher(g, tok)
-        assert m.consume_tokens(tok.encode('{"collector'))
-        mask = np.zeros(tok.mask_words, dtype=np.int32)
-        m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
-        allowed[name] = [bool((int(mask[t >> 5]) >> (t & 31)) & 1) for (t,) in spellings]
-        for (t,) in spellings:  # consume_token takes each spelling either way
-            assert m.try_consume_tokens([t]) == 1 and m.rollback(1)
-    assert allowed["forcing"] == [False, False, True], quirk.note()
-    assert allowed["no_forcing"] == [True, True, True]
+    m = matcher(grammar, tok)
+    assert m.consume_tokens(tok.encode('{"collector'))
+    mask = np.zeros(tok.mask_words, dtype=np.int32)
+    m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+    allowed = [bool((int(mask[t >> 5]) >> (t & 31)) & 1) for (t,) in spellings]
+    assert allowed == [False, False, True], quirk.note()
+    assert m.compute_ff_tokens()[:1] == spellings[2]  # the one the mask allows
+    for (t,) in spellings:  # consume_token takes each spelling
+        assert m.try_consume_tokens([t]) == 1 and m.rollback(1), quirk.note()
 
 
 def test_xgrammar_0_2_9_raises_when_terminated(llama3_tokenizer):

@@ -11,7 +11,8 @@ items, structural tags).
 
 Before `quirks.FORCED_BYTES_MASK_ONE_SPELLING` was worked around, llguidance's mask allowed only
 `":{"` after `{"collector` (the canonical first token of forced bytes) while `accept()` took
-`":` too: 10 of the first 85 Github_hard instances walked into such a position.
+`":` too: 10 of the first 85 Github_hard instances walked into such a position. Now `accept()`
+refuses what that mask refuses (the mask keeps the spelling the model was trained on).
 """
 
 from __future__ import annotations
