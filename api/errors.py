@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.api.responses import ApiJSONResponse
+from corral.api.sse import DONE, data_event
 from corral.engine.serving.async_engine import EngineUnavailable
 from corral.engine.serving.core import RequestError
 from corral.grammar import CompileUnavailable, ConstraintError
@@ -173,7 +174,7 @@ def status_of(exc: BaseException) -> int:
 
 def error_events(exc: BaseException) -> list[str]:
     """An error after a stream has started: the OpenAI error body as an event, then [DONE]."""
-    return [f"data: {json.dumps(as_api_error(exc).body())}\n\n", "data: [DONE]\n\n"]
+    return [data_event(json.dumps(as_api_error(exc).body())), DONE]
 
 
 def _validation_param(loc: tuple[Any, ...], body: Any, missing: bool) -> str | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from corral.api.protocol_responses import ResponsesRequest
 from corral.api.responses import new_id
+from corral.api.sse import data_event
 
 
 class ResponseDraft:
@@ -121,7 +122,7 @@ class Translator:
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        return data_event(json.dumps(data, ensure_ascii=False), event=kind)
 
     def start(self) -> list[str]:
         if self.started:

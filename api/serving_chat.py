@@ -47,6 +47,7 @@ from corral.api.responses import (
     new_id,
     now,
 )
+from corral.api.sse import DONE, data_event
 from corral.api.state import ServerState
 from corral.api.tool_stream import Piece
 from corral.api.tools import ToolPlan
@@ -222,7 +223,7 @@ async def _stream(
                 yield event
         if req.stream_options is not None and req.stream_options.include_usage:
             yield chunks.usage_sse(usage(call))
-        yield "data: [DONE]\n\n"
+        yield DONE
         status = 200
     except Exception as e:  # after the first byte: an error event, then [DONE]
         status = status_of(e)
@@ -316,4 +317,4 @@ class _ChunkMaker:
 
     @staticmethod
     def _event(chunk: ChatCompletionChunk) -> str:
-        return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        return data_event(chunk.model_dump_json(exclude_none=True))

@@ -42,6 +42,7 @@ from corral.api.responses import (
     new_id,
     now,
 )
+from corral.api.sse import DONE, data_event
 from corral.api.state import ServerState
 
 ENDPOINT = "completions"
@@ -223,7 +224,7 @@ class _Job:
                 yield self._event([choice])
             if self.req.stream_options is not None and self.req.stream_options.include_usage:
                 yield self._event([], self._usage())
-            yield "data: [DONE]\n\n"
+            yield DONE
             status = 200
         except Exception as e:  # after the first byte: an error event, then [DONE]
             status = status_of(e)
@@ -244,4 +245,4 @@ class _Job:
             corral=self.receipt,
         )
         self.report = self.receipt = None  # they go with the first event only
-        return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+        return data_event(chunk.model_dump_json(exclude_none=True))

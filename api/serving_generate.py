@@ -46,6 +46,7 @@ from corral.api.receipts import enforce
 from corral.api.request_constraint import completion_constraint
 from corral.api.request_params import sampling_params, with_budget_close
 from corral.api.responses import ApiJSONResponse
+from corral.api.sse import DONE, data_event
 from corral.api.state import ServerState
 from corral.engine.serving.core import SamplingParams
 
@@ -187,8 +188,8 @@ class _Job:
                 body = self._body(k, out.index)
                 if indexed:
                     body["index"] = sum(len(c) for c in self.choices[:k]) + out.index
-                yield f"data: {json.dumps(body)}\n\n"
-            yield "data: [DONE]\n\n"
+                yield data_event(json.dumps(body))
+            yield DONE
             status = 200
         except Exception as e:  # after the first byte: an error event, then [DONE]
             status = status_of(e)

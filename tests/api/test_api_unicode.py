@@ -54,7 +54,10 @@ def _stream(server, path: str, body: dict) -> tuple[int, list[dict], str]:
         raw = r.read().decode()
     if r.status_code != 200:
         return r.status_code, [], raw
-    lines = [ln[6:] for ln in raw.splitlines() if ln.startswith("data: ")]
+    # SSE ends lines at CR and LF only (the server escapes U+2028 and its kin: httpx's
+    # iter_lines would split there); a data line that is not one JSON value fails here
+    lines = [ln[6:] for ln in re.split(r"\r\n|\r|\n", raw) if ln.startswith("data: ")]
+    assert not re.search("[\x85\u2028\u2029]", raw), raw[-400:]
     if not path.endswith("responses"):  # chat, completions and /generate streams end so
         assert lines and lines[-1] == "[DONE]", raw[-600:]
     return r.status_code, [json.loads(x) for x in lines if x != "[DONE]"], raw
@@ -314,3 +317,34 @@ def test_a_tool_name_outside_openai_rules_is_refused(server, name):
     assert r.status_code == 400, r.text[:800]
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and "tools" in (err["param"] or ""), err
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/generate"]
+)
+def test_line_separators_in_a_streamed_answer_keep_each_event_on_one_line(server, endpoint):
+    """U+2028, U+2029 and U+0085 end a line for `str.splitlines`, which httpx's `iter_lines`
+    uses: streamed raw inside the JSON, they cut an event in two. Each event the server streams
+    reads back through `iter_lines` as one JSON value, and the answer keeps the characters."""
+    answer = "a\u2028b\u2029c\x85d"
+    if endpoint == "/generate":
+        body = {"text": "Say it.\n", "sampling_params": {"regex": regex_literal(answer)}}
+    else:
+        fmt = {"type": "regex", "regex": regex_literal(answer)}
+        body = {"model": server.model, "response_format": fmt, "max_tokens": 32}
+        if endpoint == "/v1/responses":
+            fmt = {"type": "json_schema", "name": "a", "schema": {"const": answer}}
+            body = {"model": server.model, "input": "Say it.", "text": {"format": fmt}}
+        elif endpoint.endswith("chat/completions"):
+            body["messages"] = [{"role": "user", "content": "Say it."}]
+        else:
+            body["prompt"] = "Say it.\n"
+    headers = {"Authorization": f"Bearer {server.api_key}"}
+    with httpx.stream(
+        "POST", server.url + endpoint, json=body | {"stream": True}, headers=headers, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        data = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    events = [json.loads(d) for d in data if d != "[DONE]"]  # each line one JSON value
+    text = json.dumps(events, ensure_ascii=False)
+    assert all(ch in text for ch in "\u2028\u2029\x85"), text[-600:]
