@@ -135,7 +135,9 @@ class BudgetSteer:
         return None
 
 
-def closing_after(partial: PartialJson, pending: bytes) -> tuple[bytes, str, list] | None:
+def closing_after(
+    partial: PartialJson | PartialTag, pending: bytes
+) -> tuple[bytes, str, list] | None:
     """C from `partial` followed by `pending`, the first bytes of a character: the bytes that
     finish the character, the closing text after it, and the pointers it cuts short."""
     if not pending:
@@ -150,14 +152,15 @@ def closing_after(partial: PartialJson, pending: bytes) -> tuple[bytes, str, lis
     return None
 
 
-def _char_ends(partial: PartialJson, pending: bytes) -> list[bytes]:
+def _char_ends(partial: PartialJson | PartialTag, pending: bytes) -> list[bytes]:
     """Bytes that finish the character `pending` begins: those of each listed string the open
-    string may still become (its own next character), then the smallest valid ones."""
+    string may still become (its own next character), then the smallest valid ones. (Outside a
+    JSON string, in a tool call's free text for one, only the smallest valid ones.)"""
     size = _utf8_len(pending[0])
     filler = bytes([_SECOND_BYTE.get(pending[0], 0x80)]) + b"\x80" * 3
     ends = []
-    top = partial.stack[-1] if partial.stack else None
-    for node in top.schemas if top is not None and top.kind == "string" else ():
+    top = partial.open_string()
+    for node in top.schemas if top is not None else ():
         for v in listed_values(node) or ():
             if isinstance(v, str) and v.startswith(top.text) and not top.escape:
                 spelt = v[len(top.text) :].encode()

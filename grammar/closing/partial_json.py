@@ -63,6 +63,10 @@ class CharStream:
     def _char(self, ch: str) -> None:
         raise NotImplementedError
 
+    def open_string(self) -> Frame | None:
+        """The frame of the JSON string value being written, if the text ends inside one."""
+        raise NotImplementedError
+
 
 class PartialJson(CharStream):
     """A prefix of a JSON instance being parsed against a `JsonCloser`'s schema."""
@@ -92,6 +96,10 @@ class PartialJson(CharStream):
                 return
             self.pos = base + i
             self._char(ch)
+
+    def open_string(self) -> Frame | None:
+        top = self.stack[-1] if self.stack else None
+        return top if top is not None and top.kind == "string" else None
 
     def copy(self) -> PartialJson:
         new = PartialJson(self.closer, [copy.copy(f) for f in self.stack])

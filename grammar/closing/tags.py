@@ -27,6 +27,7 @@ from corral.grammar.closing.partial_json import CharStream, PartialJson
 from corral.grammar.closing.shortest import JsonCloser
 
 if TYPE_CHECKING:
+    from corral.grammar.closing.partial_values import Frame
     from corral.grammar.core.structural_tag import StructuralTag
 
 
@@ -80,6 +81,12 @@ class PartialTag(CharStream):
         new = copy.copy(self)
         new.json = None if self.json is None else self.json.copy()
         return new
+
+    def open_string(self) -> Frame | None:
+        """The string being written inside a segment's JSON (None in free text or a tag)."""
+        if self.segment is None or self.json is None or _done(self.json):
+            return None
+        return self.json.open_string()
 
     def _char(self, ch: str) -> None:
         tag = self.closer.tag

@@ -15,11 +15,13 @@ from engine_helpers import chat, make_engine
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from corral.api.tool_formats import FORMATS as TOOL_FORMATS
 from corral.engine import SamplingParams
 from corral.engine.constrained.budget_close import closing_after
 from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
 from corral.grammar.closing.partial_json import PartialJson
 from corral.grammar.closing.shortest import JsonCloser
+from corral.grammar.closing.tags import TagCloser
 from corral.grammar.core.runtime import BudgetClose
 from corral.grammar.core.spec import JsonFormat
 from corral.grammar.core.walk import accepts
@@ -42,6 +44,24 @@ def setup(smollm2):
     )
     prompt = chat(smollm2, "Write a long, detailed JSON example with many items and words.")
     return smollm2, tok, make_engine(smollm2), prompt
+
+
+def tool_closer(fmt, schema, mode: str) -> TagCloser:
+    """The closer of `tool_choice` `mode` over one function `get_weather` in format `fmt`."""
+    from corral.api.tools import TOOL_JSON_FORMAT
+
+    tag = {
+        "structures": [
+            {"begin": b, "schema": schema, "end": fmt.end} for b in fmt.begins("get_weather")
+        ],
+        "triggers": list(fmt.triggers),
+        "at_least_one": mode == "required",
+        "stop_after_first": False,
+        "free_text": mode == "auto",
+        "separator": fmt.separator,
+    }
+    spec = ConstraintSpec.structural_tag_of(tag, json_format=TOOL_JSON_FORMAT)
+    return TagCloser.for_spec(spec)
 
 
 def shortest_tokens(model, closer: JsonCloser) -> int:
@@ -173,3 +193,43 @@ def test_a_split_character_closes_as_a_listed_string_spells_it(llama3_tokenizer)
             assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(full)), full
             ids = llama3_tokenizer.encode(full.decode())
             assert accepts(compiled.matcher(), ids, bitmask), full
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["°C", "°F"]}},
+    "required": ["city", "unit"],
+}
+
+
+@pytest.mark.parametrize("fmt_name", sorted(TOOL_FORMATS))
+@pytest.mark.parametrize("mode", ["required", "auto"])
+def test_a_split_character_in_a_tool_call_closes_the_call(fmt_name, mode):
+    """A token ending inside a multi-byte character of a tool call's arguments (or of the free
+    text before it) is closed like one inside bare JSON: the bytes that finish the character,
+    then the call's closing. (Before, the tool-call parser was asked for a JSON stack it does
+    not have: an AttributeError and a 500 for any non-ASCII argument at a tight budget.)"""
+    fmt = TOOL_FORMATS[fmt_name]
+    judge = jsonschema.Draft202012Validator(CITY)
+    lead = "Voilà 😀 " if mode == "auto" else ""
+    for args in ({"city": "東京", "unit": "°C"}, {"city": "Ñuñoa 😀", "unit": "°F"}):
+        text = (lead + fmt.render_call("get_weather", args)).encode()
+        closed = 0
+        for cut in range(1, len(text)):
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            partial = tool_closer(fmt, CITY, mode).start()
+            partial.feed(decoder.decode(text[:cut]))
+            pending = decoder.getstate()[0]
+            found = closing_after(partial, pending)
+            if found is None:
+                continue
+            full = (text[:cut] + found[0] + found[1].encode()).decode()
+            begin = next((b for b in fmt.begins("get_weather") if b in full), None)
+            if begin is None:  # free text that may end here (auto)
+                assert mode == "auto" and not found[1], full
+                continue
+            body = full[full.index(begin) + len(begin) :]
+            assert body.endswith(fmt.end), full
+            assert judge.is_valid(json.loads(body[: len(body) - len(fmt.end)])), full
+            closed += pending != b""
+        assert closed > 0  # some cuts fell inside a character and were closed
