@@ -111,24 +111,12 @@ def proc_stats(pid: int) -> tuple[float, int, int]:
     return rss_mib, len(os.listdir(f"/proc/{pid}/fd")), int(status["Threads"])
 
 
-def _labelled(text: str, name: str) -> dict[str, float]:
-    """The samples of one labelled metric, by its label string."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, _, value = line[len(name) :].rpartition(" ")
-            out[labels] = float(value)
-    return out
-
-
 def sample(cfg: SoakConfig, t: float) -> Sample:
     rss, fds, threads = proc_stats(cfg.pid)
     m = metrics(cfg.url)
-    text = httpx.get(cfg.url + "/metrics", timeout=60).text
-    tiers = _labelled(text, "corral_constraint_cache_bytes")
     return Sample(t, rss, fds, threads, m["corral_kv_cache_usage_ratio"],
-                  m["corral_radix_cached_tokens"], tiers['{tier="memory"}'],
-                  tiers['{tier="disk"}'])  # fmt: skip
+                  m["corral_radix_cached_tokens"], m['corral_constraint_cache_bytes{tier="memory"}'],
+                  m['corral_constraint_cache_bytes{tier="disk"}'])  # fmt: skip
 
 
 def line(s: Sample, r: SoakResult) -> str:
@@ -145,6 +133,7 @@ def line(s: Sample, r: SoakResult) -> str:
 async def _one(client: httpx.AsyncClient, kind: Kind, req: dict, rng, cfg, r: SoakResult) -> bool:
     """Send and judge one request; False when it was refused with a 429."""
     hang_up = req.get("stream") and rng.random() < cfg.hang_up_share
+    sent = time.monotonic()
     try:
         if hang_up and rng.random() < 0.3:  # gone before the first byte
             task = asyncio.ensure_future(send(client, kind.path, req))
@@ -156,7 +145,9 @@ async def _one(client: httpx.AsyncClient, kind: Kind, req: dict, rng, cfg, r: So
         reply = await send(client, kind.path, req, rng.randint(1, 12) if hang_up else None)
     except httpx.TimeoutException:
         r.counts["stuck"] += 1
-        r.failures.append(f"{kind.name}: no answer within the timeout")
+        stream = "streamed" if req.get("stream") else "not streamed"
+        r.failures.append(f"{kind.name} ({stream}, seed {req.get('seed')}): no answer "
+                          f"{time.monotonic() - sent:.0f} s after it was sent")  # fmt: skip
         return True
     except httpx.HTTPError as e:
         r.counts["transport"] += 1
@@ -203,7 +194,7 @@ async def _client_loop(cfg: SoakConfig, n: int, end: float, r: SoakResult, clien
         if kind.streams and rng.random() < cfg.stream_share:
             req["stream"] = True
         if not await _one(client, kind, req, rng, cfg, r):
-            await asyncio.sleep(rng.uniform(0.2, 1.0))  # as Retry-After asks, briefly
+            await asyncio.sleep(rng.uniform(0.5, 2.0))  # as Retry-After asks, briefly
 
 
 async def _watch(cfg: SoakConfig, t0: float, end: float, r: SoakResult, out) -> None:
