@@ -82,6 +82,7 @@ class SoakResult:
     counts: Counter = field(default_factory=Counter)  # ok, 429, disconnected and ERROR_KINDS
     by_kind: Counter = field(default_factory=Counter)  # answered (judged) requests per kind
     failures: list[str] = field(default_factory=list)  # the first ones, with their kind
+    seconds: list[float] = field(default_factory=list)  # each answer's time (not the 429s)
     samples: list[Sample] = field(default_factory=list)
     held_after: dict[str, float] = field(default_factory=dict)
     growth: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
@@ -159,6 +160,7 @@ async def _one(client: httpx.AsyncClient, kind: Kind, req: dict, rng, cfg, r: So
     if reply.status == 429:
         r.counts["429"] += 1
         return False
+    r.seconds.append(time.monotonic() - sent)
     if problem := _problem(kind, req, reply, r):
         stream = " (streamed)" if req.get("stream") else ""
         r.failures.append(f"{kind.name}{stream}: {problem}"[:600])
@@ -252,6 +254,10 @@ def summary(r: SoakResult) -> list[str]:
         "answered and valid, by kind: " + ", ".join(f"{k.name} {r.by_kind[k.name]}" for k in KINDS),
         "counts: " + ", ".join(f"{k} {v}" for k, v in sorted(r.counts.items())),
     ]
+    if len(r.seconds) > 1:
+        q = statistics.quantiles(r.seconds, n=100)
+        lines.append(f"seconds per answer: p50 {q[49]:.1f}, p90 {q[89]:.1f}, p99 {q[98]:.1f}, "
+                     f"max {max(r.seconds):.1f}")  # fmt: skip
     for name, (start, end, g, bound) in r.growth.items():
         verdict = "ok" if g <= bound else "OVER"
         lines.append(f"{name}: {start:.1f} -> {end:.1f} ({g:+.1f}; bound +{bound}) {verdict}")
