@@ -134,6 +134,15 @@ def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
         value=s["kv_request_tokens"],
     )
     yield GaugeMetricFamily(
+        "corral_kv_capacity_tokens", "KV-pool slots in all", value=s["kv_capacity_tokens"]
+    )
+    yield GaugeMetricFamily(
+        "corral_radix_cached_tokens",
+        "tokens held by the radix prefix cache now (kept after their requests, evicted under "
+        "pressure)",
+        value=s["radix_cached_tokens"],
+    )
+    yield GaugeMetricFamily(
         "corral_radix_locked_tokens",
         "prefix-cache tokens pinned by running requests (0 when idle, or a leak)",
         value=s["radix_locked_tokens"],
@@ -157,6 +166,20 @@ def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
     by_source.add_metric(["redis"], float(s["hits_redis"]))
     by_source.add_metric(["compiled"], float(s["compiles"]))
     yield by_source
+    held = GaugeMetricFamily(
+        "corral_constraint_cache_bytes",
+        "compiled constraints held by the cache now, by tier: memory (the LRU's estimate of its "
+        "entries) and disk (the folder's size as last scanned plus this process's writes)",
+        labels=["tier"],
+    )
+    held.add_metric(["memory"], float(s["memory_bytes"]))
+    held.add_metric(["disk"], float(s["disk_bytes"]))
+    yield held
+    yield GaugeMetricFamily(
+        "corral_constraint_cache_entries",
+        "compiled constraints held in the memory LRU now",
+        value=s["memory_entries"],
+    )
     failures = CounterMetricFamily(
         "corral_constraint_compile_failures",
         "constraints refused as a client mistake (cached or not)",

@@ -8,7 +8,8 @@ request with no answer within `timeout_s` is stuck. After a wave the server must
 its baseline (`wait_for_baseline`): nothing admitted, nothing running, no KV slot held by a
 request.
 
-The soak (`python -m bench.load`) and `tests/api/test_api_load.py` both run these waves.
+`tests/api/test_api_load.py` runs these waves; the soak (`load_soak.py`, `python -m bench.soak`)
+uses `metrics` and `wait_for_baseline`, and the schemas of its `chat.json_schema` requests.
 """
 
 from __future__ import annotations
@@ -167,12 +168,15 @@ async def wave(
 
 
 def metrics(url: str) -> dict[str, float]:
-    """The unlabelled samples of /metrics, by name."""
-    text = httpx.get(url + "/metrics", timeout=30).text
+    """The samples of /metrics, by name (labelled ones as `name{label="value"}`)."""
+    return parse_metrics(httpx.get(url + "/metrics", timeout=60).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
             try:
                 out[name] = float(value)
             except ValueError:

@@ -46,6 +46,9 @@ class EngineConfig:
       (`--no-cuda-graphs`). Ignored on the CPU.
     - `lpm_queue_limit`: order the waiting queue by longest cached prefix when it holds at most
       this many requests (the match costs a tree walk each); beyond it, first come first served.
+    - `lpm_max_overtakes`: how many later arrivals may be admitted before a waiting request for
+      their longer cached prefix; a request overtaken that often goes first (in arrival order),
+      so a prompt that shares no prefix with the traffic is never starved by it.
     - `faults`: test-only fault injection (`engine.faults`, e.g. "step@3,seq@5"); None reads the
       `CORRAL_FAULTS` environment variable when the engine is built.
     """
@@ -66,6 +69,7 @@ class EngineConfig:
     overlap: bool = False
     cuda_graphs: bool = True
     lpm_queue_limit: int = 128
+    lpm_max_overtakes: int = 8
     faults: str | None = None
 
     def __post_init__(self) -> None:
@@ -78,6 +82,7 @@ class EngineConfig:
             ("max_step_draft_tokens", self.max_step_draft_tokens, 0),
             ("mask_grace_ms", 0 if self.mask_grace_ms is None else self.mask_grace_ms, 0),
             ("lpm_queue_limit", self.lpm_queue_limit, 0),
+            ("lpm_max_overtakes", self.lpm_max_overtakes, 0),
         )
         for name, value, low in checks:
             if value < low:

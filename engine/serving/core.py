@@ -298,6 +298,8 @@ class Sequence:
     num_computed: int = field(default=0, init=False)
     num_cached_tokens: int = field(default=0, init=False)
     admitted_at: int = field(default=-1, init=False)  # admission counter: newest is preempted
+    queued_at: int = field(default=-1, init=False)  # arrival counter (the scheduler's)
+    overtaken: int = field(default=0, init=False)  # later arrivals admitted while it waited
     draft: list[int] = field(default_factory=list, init=False)  # jump-forward tokens to verify
     draft_hint: Boundary | None = field(default=None, init=False)  # the draft's last token
     draft_looked_up: bool = field(default=False, init=False)  # a lookup draft, not forced text

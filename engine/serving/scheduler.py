@@ -12,11 +12,14 @@ Each step it decides which sequences run and how many tokens each feeds, under o
    is held back from these chunks (`admission_reserve`): a short request sent during a long
    chunked prefill is admitted at once and finishes first, instead of waiting for the whole
    prefill;
-3. waiting sequences, preempted ones first, then longest cached prefix first: admitted while
-   there is budget, a free seat (`max_num_seqs`) and memory for their first chunk. A waiting
-   sequence whose prompt shares at least `SHARED_PREFILL_MIN` more tokens with a sequence
-   being prefilled than the prefix cache holds waits until that prefill is cached (in-batch
-   prefix sharing: the branches of a fork, sent together, prefill their common prefix once).
+3. waiting sequences, preempted ones first, then those overtaken `lpm_max_overtakes` times by
+   later arrivals (oldest first), then longest cached prefix first: admitted while there is
+   budget, a free seat (`max_num_seqs`) and memory for their first chunk. Without the second
+   rule a prompt that shares no prefix with a steady stream of requests that do would wait
+   for ever. A waiting sequence whose prompt shares at least `SHARED_PREFILL_MIN` more tokens
+   with a sequence being prefilled than the prefix cache holds waits until that prefill is
+   cached (in-batch prefix sharing: the branches of a fork, sent together, prefill their
+   common prefix once).
 
 A sequence whose grammar mask is still being filled for an earlier step (`Sequence.mask_busy`:
 its row missed the mask deadline, see `grammar_masks`) sits out until the fill ends; it keeps
@@ -76,10 +79,13 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self._admissions = 0
+        self._arrivals = 0
         self._draft_left = 0  # draft tokens this step may still feed (max_step_draft_tokens)
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        seq.queued_at = self._arrivals
+        self._arrivals += 1
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
@@ -192,6 +198,7 @@ class Scheduler:
             return
         self._order_waiting()
         skipped: list[Sequence] = []
+        admitted: list[int] = []  # arrival numbers of the fresh sequences admitted now
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.popleft()
             if not _leader_ready(seq) or self._shares_a_prefill(seq):
@@ -208,6 +215,7 @@ class Scheduler:
             if seq.admitted_at < 0:
                 seq.num_cached_tokens = seq.num_computed
                 self.cache.hit_tokens += seq.num_computed
+                admitted.append(seq.queued_at)
             self._admissions += 1
             seq.admitted_at = self._admissions
             seq.status = SeqStatus.RUNNING
@@ -215,6 +223,9 @@ class Scheduler:
             plan.items.append(ScheduledSeq(seq, n + draft, draft, sample=n == left))
             budget -= n + draft
         self.waiting.extendleft(reversed(skipped))
+        for seq in self.waiting if admitted else ():
+            if seq.admitted_at < 0:
+                seq.overtaken += sum(a > seq.queued_at for a in admitted)
 
     def _shares_a_prefill(self, seq: Sequence) -> bool:
         """A running sequence is prefilling a prefix of `seq`'s prompt that the tree lacks (by
@@ -236,13 +247,18 @@ class Scheduler:
         return False
 
     def _order_waiting(self) -> None:
-        """Preempted sequences first (in their order), then longest cached prefix first."""
+        """Preempted sequences first (in their order), then the sequences overtaken too often
+        (oldest first), then longest cached prefix first."""
         if len(self.waiting) < 2 or len(self.waiting) > self.config.lpm_queue_limit:
             return
         resumed = [s for s in self.waiting if s.admitted_at >= 0]
         fresh = [s for s in self.waiting if s.admitted_at < 0]
         if self.cache.prefix_cache and len(fresh) > 1:
-            fresh.sort(key=lambda s: -self.cache.match_len(s))  # stable: FCFS among equals
+            limit = self.config.lpm_max_overtakes
+            starved = sorted((s for s in fresh if s.overtaken >= limit), key=lambda s: s.queued_at)
+            rest = [s for s in fresh if s.overtaken < limit]
+            rest.sort(key=lambda s: -self.cache.match_len(s))  # stable: FCFS among equals
+            fresh = starved + rest
         self.waiting = deque(resumed + fresh)
 
     def finish(self, seq: Sequence) -> None:

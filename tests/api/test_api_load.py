@@ -1,4 +1,4 @@
-"""Load with disconnects against a real `corral serve` (the short form of `bench/load.py`'s soak).
+"""Load with disconnects against a real `corral serve`: bursts of judged requests (`fuzz/load.py`).
 
 64 concurrent streaming `json_schema` requests of which a third hang up at random points, then
 64 non-streaming ones: every output that ends with "stop" validates, none is lost or stuck, no

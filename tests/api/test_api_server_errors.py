@@ -208,3 +208,24 @@ def test_metrics_expose_the_documented_families(server) -> None:
                  'corral_constraint_compiles_total{source="disk"}', "corral_constraint_compile_seconds_total"):  # fmt: skip
         assert name in text, name
     assert metric(server, "corral_prompt_tokens_total") > 0
+
+
+def test_occupancy_gauges_follow_what_the_server_holds(server) -> None:
+    """The soak's gauges: a new schema adds a compiled entry (and its bytes) to the memory tier,
+    a finished request leaves its tokens in the radix cache, which never exceeds the pool."""
+    entries, held = metric(server, "corral_constraint_cache_entries"), _tier(server, "memory")
+    schema = {"type": "object", "properties": {f"g{time.time_ns()}": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "g", "schema": schema}}
+    assert post(server, chat(server, response_format=fmt, max_tokens=8)).status_code == 200
+    assert metric(server, "corral_constraint_cache_entries") == entries + 1
+    assert _tier(server, "memory") > held
+    assert _tier(server, "disk") >= 0
+    cached = metric(server, "corral_radix_cached_tokens")
+    assert 0 < cached <= metric(server, "corral_kv_capacity_tokens")
+
+
+def _tier(server, tier: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    m = re.search(rf'^corral_constraint_cache_bytes{{tier="{tier}"}} ([0-9.e+-]+)$', text, re.M)
+    assert m, text
+    return float(m.group(1))

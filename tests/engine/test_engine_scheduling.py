@@ -83,6 +83,36 @@ def test_admission_reserve_is_capped_and_only_for_seatable_requests():
     assert sched.admission_reserve(64) == 0
 
 
+# ---- the longest-prefix-first queue starves nobody ----------------------------------------
+
+
+@pytest.mark.parametrize("limit", [0, 3, 8])
+def test_a_prompt_without_a_cached_prefix_is_not_starved(tiny_model, limit):
+    """Found by the soak (`bench/soak.py`): a completions prompt sharing nothing with the chat
+    traffic waited over 300 s while later chat requests, whose prefix was cached, kept going
+    first. Now at most `lpm_max_overtakes` later arrivals go before it."""
+    eng = make_engine(tiny_model, max_num_seqs=1, lpm_max_overtakes=limit)
+    shared = chat(tiny_model, "Tell me about the weather in Oslo and in Bergen, please.")
+    quick = SamplingParams(max_tokens=2, temperature=0)
+    eng.add_request(shared, quick)
+    while eng.has_unfinished():
+        eng.step()  # the shared prefix is in the radix tree now
+    lonely = eng.add_request([7, 8, 9, 10, 11], quick)
+    rivals = [eng.add_request(shared + [100 + k], quick) for k in range(2)]
+    done: list[str] = []
+    while lonely not in done and len(done) < 30:
+        for out in eng.step():
+            if out.finish_reason is not None:
+                done.append(out.request_id)
+                if out.request_id != lonely:  # one more rival with the longer match waits
+                    rivals.append(eng.add_request(shared + [200 + len(rivals)], quick))
+    assert lonely in done, "starved: every later rival went first"
+    assert done.index(lonely) <= limit + 1  # the one running when it arrived, then `limit`
+    while eng.has_unfinished():
+        eng.step()
+    settled(eng)
+
+
 # ---- drafts never starve a decode ------------------------------------------------------------
 
 
