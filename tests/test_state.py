@@ -164,17 +164,25 @@ def _classes(paths: list[Path]) -> dict[str, bool]:
     """Every Corral class by name -> whether it is declared immutable (False wins a clash)."""
     out: dict[str, bool] = {}
     for path in paths:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            frozen = any(
-                isinstance(d, ast.Call)
-                and _name(d) == "dataclass"
-                and any(k.arg == "frozen" and getattr(k.value, "value", False) for k in d.keywords)
-                for d in node.decorator_list
-            )
-            frozen |= any(_name(b) in _IMMUTABLE_BASES for b in node.bases)
-            out[node.name] = out.get(node.name, True) and frozen
+        for name, frozen in _classes_in(ast.parse(path.read_text())).items():
+            out[name] = out.get(name, True) and frozen
+    return out
+
+
+def _classes_in(tree: ast.Module) -> dict[str, bool]:
+    """The classes one module defines -> whether each is declared immutable."""
+    out: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        frozen = any(
+            isinstance(d, ast.Call)
+            and _name(d) == "dataclass"
+            and any(k.arg == "frozen" and getattr(k.value, "value", False) for k in d.keywords)
+            for d in node.decorator_list
+        )
+        frozen |= any(_name(b) in _IMMUTABLE_BASES for b in node.bases)
+        out[node.name] = out.get(node.name, True) and frozen
     return out
 
 
@@ -184,6 +192,7 @@ def scan_module(path: Path, rel: str, classes: dict[str, bool], mutated: set) ->
     tree = ast.parse(path.read_text(), filename=str(path))
     found: list[tuple[int, str, str]] = []
     local = _mutated(tree)
+    classes = {**classes, **_classes_in(tree)}  # a module's own class wins a name clash
     for node in tree.body:
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             kind = _container(node.value)
