@@ -20,10 +20,11 @@ from typing import Any, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from corral.api.errors import ApiError, status_of, unavailable
+from corral.api.errors import ApiError, error_events, status_of, unavailable
 from corral.api.outcomes import failure, record_failure
 from corral.api.response_formats import compile_or_400
 from corral.api.responses import new_id
+from corral.api.sse import DONE
 from corral.api.state import ServerState
 from corral.grammar import ConstraintError
 
@@ -206,6 +207,29 @@ class EngineCall:
             m.prompt_tokens.inc(self.num_prompt_tokens)
             m.completion_tokens.inc(self.num_output_tokens)
             m.cached_tokens.inc(self.num_cached_tokens)
+
+
+async def framed_stream(
+    events: AsyncIterator[str], close: Callable[[], Awaitable[None]], admitted: Admitted
+) -> AsyncIterator[str]:
+    """One endpoint's stream as every endpoint ends it: ``events``, then ``[DONE]``; a failure
+    after the first byte as an error event, then ``[DONE]`` (never a silent end); ``close``
+    (the engine calls) and ``admitted.end`` with the outcome always, a client that left
+    counted as ``CLIENT_LEFT``."""
+    status = CLIENT_LEFT  # unless the stream reaches its end
+    try:
+        async with aclosing(events) as each:  # closed here even when the client leaves
+            async for event in each:
+                yield event
+        yield DONE
+        status = 200
+    except Exception as e:  # after the first byte: an error event, then [DONE]
+        status = status_of(e)
+        for event in error_events(e):
+            yield event
+    finally:
+        await close()
+        admitted.end(status)
 
 
 async def close_all(calls: list[EngineCall]) -> None:

@@ -13,13 +13,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import ChoiceState, LogprobFormatter, Update
 from corral.api.engine_call import (
-    CLIENT_LEFT,
     Admitted,
     EngineCall,
+    framed_stream,
     require_engine,
     watch_disconnect,
 )
-from corral.api.errors import bad_request, error_events, status_of
+from corral.api.errors import bad_request
 from corral.api.protocol import ChatCompletionRequest, TextFormat
 from corral.api.reasoning import ReasoningFormat
 from corral.api.receipts import enforce
@@ -47,7 +47,7 @@ from corral.api.responses import (
     new_id,
     now,
 )
-from corral.api.sse import DONE, data_event
+from corral.api.sse import data_event
 from corral.api.state import ServerState
 from corral.api.tool_stream import Piece
 from corral.api.tools import ToolPlan
@@ -204,34 +204,29 @@ def _final_choice(c: ChoiceState, lp: LogprobFormatter | None) -> ChatChoice:
     )
 
 
-async def _stream(
+def _stream(
     state: ServerState,
     req: ChatCompletionRequest,
     prep: PreparedChat,
     call: EngineCall,
     admitted: Admitted,
 ) -> AsyncIterator[str]:
+    return framed_stream(_events(state, req, prep, call), call.close, admitted)
+
+
+async def _events(
+    state: ServerState, req: ChatCompletionRequest, prep: PreparedChat, call: EngineCall
+) -> AsyncIterator[str]:
     chunks = _ChunkMaker(state.model_name, prep.unenforced, prep.receipt)
     lp = LogprobFormatter(state.tokenizer, req.top_logprobs or 0) if req.logprobs else None
-    status = CLIENT_LEFT  # unless the stream reaches its end
     first = None if prep.plan.active else ""  # tool calls: content stays null unless text comes
-    try:
-        for i in range(req.n):
-            yield chunks.sse(i, Delta(role="assistant", content=first))
-        async for c, update in chat_updates(prep, call, req.n):
-            for event in _update_events(chunks, c, update, lp):
-                yield event
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield chunks.usage_sse(usage(call))
-        yield DONE
-        status = 200
-    except Exception as e:  # after the first byte: an error event, then [DONE]
-        status = status_of(e)
-        for event in error_events(e):
+    for i in range(req.n):
+        yield chunks.sse(i, Delta(role="assistant", content=first))
+    async for c, update in chat_updates(prep, call, req.n):
+        for event in _update_events(chunks, c, update, lp):
             yield event
-    finally:
-        await call.close()
-        admitted.end(status)
+    if req.stream_options is not None and req.stream_options.include_usage:
+        yield chunks.usage_sse(usage(call))
 
 
 def _update_events(

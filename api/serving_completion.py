@@ -12,15 +12,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.choices import LogprobFormatter
 from corral.api.engine_call import (
-    CLIENT_LEFT,
     Admitted,
     EngineCall,
     close_all,
+    framed_stream,
     merged,
     require_engine,
     watch_disconnect,
 )
-from corral.api.errors import bad_request, error_events, status_of
+from corral.api.errors import bad_request
 from corral.api.outcomes import finish_reason
 from corral.api.prompting import encode_prompt
 from corral.api.protocol import CompletionRequest
@@ -42,7 +42,7 @@ from corral.api.responses import (
     new_id,
     now,
 )
-from corral.api.sse import DONE, data_event
+from corral.api.sse import data_event
 from corral.api.state import ServerState
 
 ENDPOINT = "completions"
@@ -202,37 +202,34 @@ class _Job:
             prompt_tokens_details={"cached_tokens": cached},
         )
 
-    async def stream(self, admitted: Admitted) -> AsyncIterator[str]:
-        status, started, offsets = CLIENT_LEFT, set(), {}
-        try:
-            async for k, out in merged(self.calls):
-                i = self._index(k, out)
-                text = out.text
-                if i not in started:
-                    started.add(i)
-                    text = self._echo(k) + text
-                lp = self._logprobs(list(out.logprobs or ()), offsets.get(i, 0))
-                offsets[i] = offsets.get(i, 0) + len(text)
-                finish = None if out.finish_reason is None else finish_reason(out.finish_reason)
-                choice = CompletionChoice(
-                    index=i,
-                    text=text,
-                    finish_reason=finish,
-                    logprobs=lp,
-                    budget_close=budget_json(out.budget_close) if finish else None,
-                )
-                yield self._event([choice])
-            if self.req.stream_options is not None and self.req.stream_options.include_usage:
-                yield self._event([], self._usage())
-            yield DONE
-            status = 200
-        except Exception as e:  # after the first byte: an error event, then [DONE]
-            status = status_of(e)
-            for event in error_events(e):
-                yield event
-        finally:
-            await close_all(self.calls)
-            admitted.end(status)
+    def stream(self, admitted: Admitted) -> AsyncIterator[str]:
+        return framed_stream(self._events(), self._close, admitted)
+
+    async def _close(self) -> None:
+        await close_all(self.calls)
+
+    async def _events(self) -> AsyncIterator[str]:
+        started: set[int] = set()
+        offsets: dict[int, int] = {}
+        async for k, out in merged(self.calls):
+            i = self._index(k, out)
+            text = out.text
+            if i not in started:
+                started.add(i)
+                text = self._echo(k) + text
+            lp = self._logprobs(list(out.logprobs or ()), offsets.get(i, 0))
+            offsets[i] = offsets.get(i, 0) + len(text)
+            finish = None if out.finish_reason is None else finish_reason(out.finish_reason)
+            choice = CompletionChoice(
+                index=i,
+                text=text,
+                finish_reason=finish,
+                logprobs=lp,
+                budget_close=budget_json(out.budget_close) if finish else None,
+            )
+            yield self._event([choice])
+        if self.req.stream_options is not None and self.req.stream_options.include_usage:
+            yield self._event([], self._usage())
 
     def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         chunk = Completion(

@@ -30,15 +30,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from corral.api.engine_call import (
-    CLIENT_LEFT,
     Admitted,
     EngineCall,
     close_all,
+    framed_stream,
     merged,
     require_engine,
     watch_disconnect,
 )
-from corral.api.errors import ApiError, bad_request, error_events, status_of
+from corral.api.errors import ApiError, bad_request
 from corral.api.generate_output import ChoiceState, TokenText
 from corral.api.prompting import encode_prompt
 from corral.api.protocol_generate import GenerateItem, GenerateRequest, renamed
@@ -46,7 +46,7 @@ from corral.api.receipts import enforce
 from corral.api.request_constraint import completion_constraint
 from corral.api.request_params import sampling_params, with_budget_close
 from corral.api.responses import ApiJSONResponse
-from corral.api.sse import DONE, data_event
+from corral.api.sse import data_event
 from corral.api.state import ServerState
 from corral.engine.serving.core import SamplingParams
 
@@ -179,25 +179,20 @@ class _Job:
         single = not self.req.is_batch and len(bodies) == 1
         return ApiJSONResponse(bodies[0] if single else bodies)
 
-    async def stream(self, admitted: Admitted) -> AsyncIterator[str]:
-        status = CLIENT_LEFT
+    def stream(self, admitted: Admitted) -> AsyncIterator[str]:
+        return framed_stream(self._events(), self._close, admitted)
+
+    async def _close(self) -> None:
+        await close_all(self.calls)
+
+    async def _events(self) -> AsyncIterator[str]:
         indexed = self.req.is_batch or len(self.choices[0]) > 1
-        try:
-            async for k, out in merged(self.calls):
-                self.choices[k][out.index].add(out)
-                body = self._body(k, out.index)
-                if indexed:
-                    body["index"] = sum(len(c) for c in self.choices[:k]) + out.index
-                yield data_event(json.dumps(body))
-            yield DONE
-            status = 200
-        except Exception as e:  # after the first byte: an error event, then [DONE]
-            status = status_of(e)
-            for event in error_events(e):
-                yield event
-        finally:
-            await close_all(self.calls)
-            admitted.end(status)
+        async for k, out in merged(self.calls):
+            self.choices[k][out.index].add(out)
+            body = self._body(k, out.index)
+            if indexed:
+                body["index"] = sum(len(c) for c in self.choices[:k]) + out.index
+            yield data_event(json.dumps(body))
 
 
 def _named(e: ApiError, item: GenerateItem) -> ApiError:
