@@ -272,7 +272,7 @@ KINDS: tuple[Kind, ...] = (
         COMPLETIONS,
         lambda m, k: {
             "model": m,
-            "prompt": f"Year of the trip to {PLACES[k % 7]}:",
+            "prompt": f"Year of the trip to {PLACES[k % len(PLACES)]}:",
             "max_tokens": 16,
             "seed": k,
             "response_format": {"type": "regex", "regex": REGEX},
@@ -284,7 +284,7 @@ KINDS: tuple[Kind, ...] = (
         COMPLETIONS,
         lambda m, k: {
             "model": m,
-            "prompt": f"A story about {PLACES[k % 7]}:",
+            "prompt": f"A story about {PLACES[k % len(PLACES)]}:",
             "max_tokens": 24,
             "seed": k,
         },

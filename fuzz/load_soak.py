@@ -163,7 +163,8 @@ async def _one(client: httpx.AsyncClient, kind: Kind, req: dict, rng, cfg, r: So
         return True
     except httpx.HTTPError as e:
         r.counts["transport"] += 1
-        r.failures.append(f"{kind.name}: transport error {e!r}")
+        stream = "streamed" if req.get("stream") else "not streamed"
+        r.failures.append(f"{kind.name} ({stream}): transport error {e!r}")
         return True
     if reply is None:
         r.counts["disconnected"] += 1
@@ -241,7 +242,10 @@ def growth(r: SoakResult, cfg: SoakConfig) -> None:
 async def _run(cfg: SoakConfig, out: Callable[[str], None]) -> SoakResult:
     r = SoakResult()
     headers = {"Authorization": f"Bearer {cfg.api_key}"}
-    limits = httpx.Limits(max_connections=cfg.concurrency + 4)
+    # Idle connections are dropped after 2 s, before uvicorn closes them (5 s): at the same
+    # expiry as the server's, a request written as the server closes gets a reset (the hour's
+    # soak of 2026-12-07 lost one request so, ReadError(''), with nothing in the server's log).
+    limits = httpx.Limits(max_connections=cfg.concurrency + 4, keepalive_expiry=2.0)
     t0 = time.monotonic()
     end = t0 + cfg.seconds
     async with httpx.AsyncClient(
