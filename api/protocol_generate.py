@@ -34,7 +34,18 @@ RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "samp
 ORIGINAL = {v: k for k, v in RENAMED.items()} | {"response_format": "structural_tag"}
 
 
-class GenerateSampling(_Closed):
+class _NullsAbsent(_Closed):
+    """SGLang's clients send unset fields as ``null``: a null field is read as absent."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _absent(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None}
+        return handler(data)
+
+
+class GenerateSampling(_NullsAbsent):
     """SGLang's ``sampling_params``; ``null`` means absent (SGLang's default)."""
 
     max_new_tokens: int = Field(default=128, ge=0, le=MAX_TOKENS_BOUND)
@@ -62,13 +73,6 @@ class GenerateSampling(_Closed):
     structural_tag: str | None = None
     stop_regex: str | list[str] | None = Field(default=None, description="not supported")
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _absent(cls, data: Any, handler: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if v is not None}
-        return handler(data)
-
     @model_validator(mode="after")
     def _check(self) -> GenerateSampling:
         if not self.spaces_between_special_tokens:
@@ -80,7 +84,7 @@ class GenerateSampling(_Closed):
         return self
 
 
-class GenerateRequest(_Closed):
+class GenerateRequest(_NullsAbsent):
     """SGLang's ``GenerateReqInput`` (the fields Corral serves)."""
 
     text: str | list[str] | None = None
@@ -92,13 +96,6 @@ class GenerateRequest(_Closed):
     top_logprobs_num: int | list[int] = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _absent(cls, data: Any, handler: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if v is not None}
-        return handler(data)
 
     @model_validator(mode="after")
     def _check(self) -> GenerateRequest:
