@@ -95,7 +95,8 @@ class ServerConfig:
     log_level: str = "info"
     open_objects: bool = False
     tool_call_format: str = "auto"
-    reasoning_format: str | None = None
+    reasoning_format: str | None = "auto"
+    chat_template: str | None = None
     # Limits on what one request may send, each named in its 400 (api/limits.py; docs/serving.md's
     # "Limits" table sets them beside OpenAI's). Measured on SmolLM2's tokenizer (2 CPU cores):
     # llguidance's JSON parser stops at 128 levels of nesting, so a schema document may nest
@@ -145,7 +146,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.compile_deadline_s > 0:
             raise ValueError(f"compile deadline must be > 0 s, got {self.compile_deadline_s}")
-        from corral.api.reasoning import REASONING_FORMATS
+        from corral.api.reasoning import REASONING_NAMES
         from corral.api.tool_formats import FORMAT_NAMES
 
         if self.tool_call_format not in FORMAT_NAMES:
@@ -153,13 +154,17 @@ class ServerConfig:
                 f"tool call format must be one of {', '.join(FORMAT_NAMES)}, "
                 f"got {self.tool_call_format!r}"
             )
-        if self.reasoning_format == "":
-            object.__setattr__(self, "reasoning_format", None)
-        if self.reasoning_format is not None and self.reasoning_format not in REASONING_FORMATS:
+        if self.reasoning_format in ("", None):
+            object.__setattr__(self, "reasoning_format", "none")
+        if self.reasoning_format not in REASONING_NAMES:
             raise ValueError(
-                f"reasoning format must be one of {', '.join(REASONING_FORMATS)}, "
+                f"reasoning format must be one of {', '.join(REASONING_NAMES)}, "
                 f"got {self.reasoning_format!r}"
             )
+        if self.chat_template == "":
+            object.__setattr__(self, "chat_template", None)
+        if self.chat_template is not None:
+            self.chat_template_text()  # an unreadable file is a startup error, not a late one
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
         if self.cache_url == "":
@@ -170,6 +175,19 @@ class ServerConfig:
                 f"got {self.cache_url!r}"
             )
         self._check_cache_key()
+
+    def chat_template_text(self) -> str | None:
+        """The ``--chat-template`` file's Jinja text (None: use the model's own)."""
+        if self.chat_template is None:
+            return None
+        try:
+            with open(self.chat_template, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template {self.chat_template}: cannot be read ({e})") from e
+        if not text.strip():
+            raise ValueError(f"--chat-template {self.chat_template}: the file is empty")
+        return text
 
     def _check_cache_key(self) -> None:
         """The key file, when named, must be usable now (not first at a replica's start), and
@@ -317,10 +335,13 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds a constraint compile may take; past it the request gets a 503 (default 10)"),
     Setting("tool_call_format", "--tool-call-format", "CORRAL_TOOL_CALL_FORMAT", str,
             "how the model writes tool calls: auto (default: from the chat template), hermes, "
-            "llama3, mistral or corral"),
+            "llama3, mistral, phi4, gemma or corral"),
     Setting("reasoning_format", "--reasoning-format", "CORRAL_REASONING_FORMAT", str,
-            "deepseek-r1 or qwen3: a free <think> block first, returned as reasoning_content; "
-            "constraints apply after it (default: none)"),
+            "auto (default: from the chat template), none, deepseek-r1 or qwen3: a free <think> "
+            "block first, returned as reasoning_content; constraints apply after it"),
+    Setting("chat_template", "--chat-template", "CORRAL_CHAT_TEMPLATE", str,
+            "a Jinja chat template file used instead of the model's own (the tool-call and "
+            "reasoning formats are then detected from it); default: the model's"),
     Setting("cache_url", "--cache-url", "CORRAL_CACHE_URL", str,
             "redis://host:port/db: compiled constraints shared with every replica naming the "
             "same Redis, after memory and disk (default: none; see docs/deployment.md, Scaling out)"),

@@ -8,6 +8,7 @@ context before tokenizing it (see ``longest_token_chars``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
@@ -20,6 +21,7 @@ from corral.api.protocol import (
     ToolMessage,
     content_text,
 )
+from corral.api.reasoning import ReasoningFormat, choose_reasoning, thinks
 from corral.api.tool_formats import ToolFormat, choose_format
 from corral.api.tools import ToolPlan, call_arguments, history_text
 from corral.grammar.core.input_checks import lone_surrogate_at
@@ -28,45 +30,101 @@ _PROBE_TOOL = {
     "type": "function",
     "function": {"name": "probe_fn", "description": "probe", "parameters": {"type": "object"}},
 }
+_PROBE_CALL = {
+    "id": "call_probe",
+    "type": "function",
+    "function": {"name": "probe_fn", "arguments": {"probe_arg": 1}},
+}
+#: Where chat templates take the tools, tried in this order: Hugging Face's ``tools=`` (Qwen,
+#: Llama 3.1, Hermes, Mistral), SmolLM3's ``xml_tools=``, and Phi-4-mini's ``tools`` field of
+#: the system message (a JSON string).
+TOOL_SLOTS = ("tools", "xml_tools", "system")
+#: ``chat_template_kwargs`` a request may not set: the ones Corral itself passes.
+_RESERVED_KWARGS = frozenset(
+    {"messages", "tools", "xml_tools", "python_tools", "documents", "chat_template",
+     "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
+     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs"}
+)  # fmt: skip
 
 
 class ChatFormatter:
-    """Applies the model's chat template; knows whether the template renders ``tools`` itself.
+    """Applies the model's chat template; knows where (and whether) the template takes tools.
 
-    Templates that render tools (Llama 3.1, Qwen 2.5, Hermes…) get them as ``tools=`` and the
-    history's tool calls in Hugging Face's shape. Templates that ignore them (SmolLM2) get a
-    system-prompt description of the tools and tool calls written in the tool-call format.
+    Templates that render tools (Llama 3.1, Qwen 2.5 / 3, Hermes, SmolLM3, Phi-4-mini…) get them
+    where they read them (``tool_slot``, one of ``TOOL_SLOTS``), and the history's tool calls in
+    Hugging Face's shape when they render those (``native_calls``), else written into the
+    assistant's content in the tool-call format. Templates that ignore tools (SmolLM2, Gemma)
+    get a system-prompt description of the tools and the calls written in the format.
     ``tool_format``: the format calls are written in (``tool_formats.choose_format``: the
-    ``--tool-call-format`` flag, else detected from the template).
+    ``--tool-call-format`` flag, else detected from the template). ``reasoning``: the think
+    block's format (``reasoning.choose_reasoning``: ``--reasoning-format``, ``auto`` detects it).
     """
 
     def __init__(
-        self, tokenizer: Any, chat_template: str | None, tool_call_format: str | None = None
+        self,
+        tokenizer: Any,
+        chat_template: str | None,
+        tool_call_format: str | None = None,
+        reasoning_format: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.native_tools = chat_template is not None and self._template_renders_tools()
+        self.tool_slot = self._find_tool_slot() if chat_template is not None else None
+        self.native_tools = self.tool_slot is not None
+        self.native_calls = self.native_tools and self._renders_calls()
         self.tool_format: ToolFormat = choose_format(
             chat_template, self.native_tools, tool_call_format
         )
+        self.reasoning: ReasoningFormat | None = choose_reasoning(
+            reasoning_format, chat_template, self._generation_prompt()
+        )
         self.max_token_chars = longest_token_chars(tokenizer)
 
-    def _template_renders_tools(self) -> bool:
-        probe = [{"role": "user", "content": "hi"}]
+    def _generation_prompt(self) -> str | None:
+        if self.chat_template is None:
+            return None
         try:
-            with_tools = self._apply(probe, [_PROBE_TOOL])
-            without = self._apply(probe, None)
-        except Exception:  # a template that chokes on the probe does not handle tools natively
-            return False
-        return with_tools != without
+            return self._apply([{"role": "user", "content": "hi"}], None)
+        except Exception:  # a template that chokes on the probe says nothing about thinking
+            return None
 
-    def _apply(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    def _find_tool_slot(self) -> str | None:
+        probe = [{"role": "user", "content": "hi"}]
+        for slot in TOOL_SLOTS:
+            try:
+                with_tools = self._apply(*_placed(probe, [_PROBE_TOOL], slot))
+                without = self._apply(*_placed(probe, [], slot))
+            except Exception:  # a template that chokes on the probe does not take tools there
+                continue
+            if with_tools != without and "probe_fn" in with_tools:
+                return slot
+        return None
+
+    def _renders_calls(self) -> bool:
+        history = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+            {"role": "tool", "tool_call_id": "call_probe", "content": "ok"},
+        ]
+        try:
+            text = self._apply(*_placed(history, [_PROBE_TOOL], self.tool_slot or "tools"))
+        except Exception:  # a template that chokes on a call in the history does not render it
+            return False
+        return "probe_arg" in text
+
+    def _apply(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> str:
         return self.tokenizer.apply_chat_template(
             messages,
             tools=tools,
             chat_template=self.chat_template,
             add_generation_prompt=True,
             tokenize=False,
+            **(kwargs or {}),
         )
 
     def prompt_text(self, req: ChatCompletionRequest, plan: ToolPlan) -> str:
@@ -79,19 +137,24 @@ class ChatFormatter:
         tools = list(plan.tools) if plan.active else []
         for i, m in enumerate(req.messages):
             check_text(content_text(m.content), f"messages[{i}].content")
+        extra = template_kwargs(req.chat_template_kwargs)
         messages = [self._message(m) for m in req.messages]
+        if self.tool_format.tool_result is not None and not self.native_tools:
+            messages = _results_as_user_turns(messages, self.tool_format.tool_result)
         if tools and not self.native_tools:
             messages = _with_tool_prompt(messages, self.tool_format.system_prompt(tools))
-        native = (
-            [t.model_dump(exclude_none=True) for t in tools]
-            if self.native_tools and tools
-            else None
-        )
+        listed = [t.model_dump(exclude_none=True) for t in tools]
+        messages, native, kwargs = _placed(messages, listed, self.tool_slot or "tools")
         try:
-            text = self._apply(messages, native)
+            text = self._apply(messages, native, {**extra, **kwargs})
         except jinja2.TemplateError as e:
             raise bad_request(
                 f"the chat template refused these messages: {e}", param="messages"
+            ) from e
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # from template code
+            raise bad_request(
+                f"the chat template failed on these messages or chat_template_kwargs: {e}",
+                param="chat_template_kwargs" if extra else "messages",
             ) from e
         return text
 
@@ -102,9 +165,17 @@ class ChatFormatter:
 
         ``max_tokens``: the most prompt tokens that could be served; a prompt that cannot fit
         in them is refused (400 ``context_length_exceeded``) without being tokenized."""
+        return self.prompt(req, plan, max_tokens)[0]
+
+    def prompt(
+        self, req: ChatCompletionRequest, plan: ToolPlan, max_tokens: int | None = None
+    ) -> tuple[list[int], ReasoningFormat | None]:
+        """The prompt's token ids and this request's reasoning format (None when the model
+        does not think, or the prompt already closed the think block: ``reasoning.thinks``)."""
         text = self.prompt_text(req, plan)
         # The template already wrote any BOS it wants; do not let the tokenizer add another.
-        return encode_prompt(self, text, "messages", max_tokens, add_special_tokens=False)
+        ids = encode_prompt(self, text, "messages", max_tokens, add_special_tokens=False)
+        return ids, thinks(self.reasoning, text)
 
     def _message(self, m: Any) -> dict[str, Any]:
         if isinstance(m, SystemMessage):
@@ -123,7 +194,7 @@ class ChatFormatter:
         text = content_text(m.content)
         if not m.tool_calls:
             return {"role": "assistant", "content": text}
-        if not self.native_tools:
+        if not self.native_calls:
             return {
                 "role": "assistant",
                 "content": history_text(self.tool_format, m.tool_calls, text),
@@ -137,6 +208,62 @@ class ChatFormatter:
             for c in m.tool_calls
         ]
         return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs`` (``{"enable_thinking": false}``): a 400 for a name
+    Corral passes itself or one that is not a plain identifier."""
+    for name in kwargs or {}:
+        if not name.isidentifier() or name.startswith("_") or name in _RESERVED_KWARGS:
+            raise bad_request(
+                f"chat_template_kwargs: {name!r} cannot be set (reserved or not an identifier)",
+                param="chat_template_kwargs",
+                code="invalid_value",
+            )
+    return dict(kwargs or {})
+
+
+def _placed(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], slot: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
+    """(messages, ``tools=``, other template arguments) with ``tools`` where ``slot`` says."""
+    if not tools:
+        return messages, None, {}
+    if slot == "tools":
+        return messages, tools, {}
+    functions = [
+        {k: v for k, v in t["function"].items() if k in ("name", "description", "parameters")}
+        for t in tools
+    ]
+    if slot == "xml_tools":
+        return messages, None, {"xml_tools": functions}
+    listing = json.dumps(functions, ensure_ascii=False)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "tools": listing}, *messages[1:]], None, {}
+    return [{"role": "system", "content": "", "tools": listing}, *messages], None, {}
+
+
+def _results_as_user_turns(
+    messages: list[dict[str, Any]], wrap: Callable[[str], str]
+) -> list[dict[str, Any]]:
+    """Tool results as user turns, for templates with no ``tool`` role: consecutive results,
+    and a user message right after them, share one turn (such templates want turns to
+    alternate)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        follows_results = bool(out) and out[-1].get("from_tools")
+        if m["role"] == "tool":
+            text = wrap(m["content"])
+        elif m["role"] == "user" and follows_results:
+            text = m["content"]
+        else:
+            out.append(m)
+            continue
+        if follows_results:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+        else:
+            out.append({"role": "user", "content": text, "from_tools": True})
+    return [{k: v for k, v in m.items() if k != "from_tools"} for m in out]
 
 
 def _with_tool_prompt(messages: list[dict[str, Any]], description: str) -> list[dict[str, Any]]:

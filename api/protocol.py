@@ -263,6 +263,12 @@ class ChatCompletionRequest(_Sampling):
         le=MAX_TOKENS_BOUND,
         description="with --reasoning-format: the think block is closed after this many tokens",
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        max_length=32,
+        description="extra variables for the chat template, e.g. {'enable_thinking': false} "
+        "(Qwen3, SmolLM3); names Corral passes itself are refused",
+    )
     # accepted; they do not change the output
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         default=None, max_length=16, description="accepted; not stored"

@@ -10,6 +10,16 @@ the response carries the block as ``reasoning_content`` beside ``content`` — s
 - ``qwen3``: the model opens the block itself; an output that does not start with ``<think>``
   has no reasoning (e.g. thinking switched off in the template).
 
+``auto`` (the default) detects the format from the chat template (``detect_reasoning``): a
+generation prompt that ends with ``<think>`` is ``deepseek-r1``; a template that mentions
+``</think>`` otherwise (Qwen3, SmolLM3: the model opens the block itself) is ``qwen3``; any other
+template has no think block. ``none`` switches it off.
+
+Per request, a prompt that already closes the block (Qwen3's ``enable_thinking: false`` and
+SmolLM3's ``/no_think`` render an empty ``<think>\n\n</think>`` after the assistant's turn
+starts) has no reasoning: the output is the answer, constrained from its first token
+(``thinks``).
+
 ``max_reasoning_tokens`` (a request field) bounds the block: after that many output tokens
 inside it, the engine appends the end marker itself (``engine.jump_forward``), and the
 constraint takes over as if the model had closed the block.
@@ -40,6 +50,41 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     "deepseek-r1": ReasoningFormat("deepseek-r1", "<think>", "</think>", True),
     "qwen3": ReasoningFormat("qwen3", "<think>", "</think>", False),
 }
+
+REASONING_NAMES = ("auto", "none", *REASONING_FORMATS)
+
+
+def detect_reasoning(
+    chat_template: str | None, generation_prompt: str | None
+) -> ReasoningFormat | None:
+    """The reasoning format a chat template implies (see the module docstring);
+    ``generation_prompt``: the template rendered for one user message, ready for the answer."""
+    if not chat_template:
+        return None
+    if generation_prompt is not None and generation_prompt.rstrip().endswith("<think>"):
+        return REASONING_FORMATS["deepseek-r1"]
+    if "</think>" in chat_template:
+        return REASONING_FORMATS["qwen3"]
+    return None
+
+
+def choose_reasoning(
+    flag: str | None, chat_template: str | None, generation_prompt: str | None
+) -> ReasoningFormat | None:
+    """``--reasoning-format``: a named format, ``none``, or ``auto`` (detected)."""
+    if flag in (None, "", "none"):
+        return None
+    if flag == "auto":
+        return detect_reasoning(chat_template, generation_prompt)
+    return REASONING_FORMATS[flag]
+
+
+def thinks(fmt: ReasoningFormat | None, prompt: str) -> ReasoningFormat | None:
+    """The reasoning format of one request: None when its prompt already closed the block."""
+    if fmt is None or prompt.rstrip().endswith(fmt.close):
+        return None
+    return fmt
+
 
 _START, _REASONING, _ANSWER = range(3)
 

@@ -14,7 +14,7 @@ schema's stats and spec are remembered by its form.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from corral.api.errors import ApiError, bad_request
 from corral.api.limits import check_limits
@@ -44,17 +44,28 @@ if TYPE_CHECKING:
 
 
 def reasoning_format(config: ServerConfig) -> ReasoningFormat | None:
-    """The served model's reasoning format (``--reasoning-format``), if any."""
+    """The reasoning format ``--reasoning-format`` names, if any (``auto`` is resolved from the
+    chat template by ``ChatFormatter.reasoning``: pass that as ``reasoning`` where known)."""
     return REASONING_FORMATS.get(config.reasoning_format or "")
 
 
+_FROM_CONFIG: Any = object()
+
+
 def chat_constraint(
-    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat, forms: SchemaForms
+    req: ChatCompletionRequest,
+    config: ServerConfig,
+    tool_format: ToolFormat,
+    forms: SchemaForms,
+    reasoning: ReasoningFormat | None = _FROM_CONFIG,
 ) -> tuple[ToolPlan, Constraint | None]:
     """The tool plan of a chat request and the constraint of its output (None: free text).
 
     The tools' structural tag or the response format, within the request limits, after the
-    think block of a reasoning model (never dropped for it). Raises the request's 400."""
+    think block of a reasoning model (never dropped for it; ``reasoning``: the served model's
+    format, by default the one ``--reasoning-format`` names). Raises the request's 400."""
+    if reasoning is _FROM_CONFIG:
+        reasoning = reasoning_format(config)
     check_limits(req, config, forms)
     closed = wants_closed_objects(req.open_objects, config.open_objects)
     plan = plan_tools(req, closed, tool_format)
@@ -71,15 +82,19 @@ def chat_constraint(
         constraint = _format_constraint(fmt)
     else:
         return plan, None
-    return plan, _after_reasoning(constraint, reasoning_format(config))
+    return plan, after_reasoning(constraint, reasoning)
 
 
 def required_constraint(
-    req: ChatCompletionRequest, config: ServerConfig, tool_format: ToolFormat, forms: SchemaForms
+    req: ChatCompletionRequest,
+    config: ServerConfig,
+    tool_format: ToolFormat,
+    forms: SchemaForms,
+    reasoning: ReasoningFormat | None = _FROM_CONFIG,
 ) -> Constraint:
     """:func:`chat_constraint` of a body sent to be compiled (the constraint endpoints, cache
     warming): a 400 when it does not constrain the output."""
-    _, constraint = chat_constraint(req, config, tool_format, forms)
+    _, constraint = chat_constraint(req, config, tool_format, forms, reasoning)
     if constraint is None:
         raise bad_request(
             "the request has no constraint: send a response_format other than text, "
@@ -134,7 +149,8 @@ def _tools_constraint(
     return Constraint(spec, refused, report, locate, (wrapped, *closed))
 
 
-def _after_reasoning(constraint: Constraint, reasoning: ReasoningFormat | None) -> Constraint:
+def after_reasoning(constraint: Constraint, reasoning: ReasoningFormat | None) -> Constraint:
+    """``constraint`` after a free think block of format ``reasoning`` (unchanged for None)."""
     if reasoning is None:
         return constraint
     spec = constraint.spec.after_reasoning(reasoning.open, reasoning.close)

@@ -77,7 +77,7 @@ def build_state(config: ServerConfig) -> ServerState:
         runtime=runtime,
         forms=forms,
         created=int(time.time()),
-        chat_template=model.chat_template,
+        chat_template=config.chat_template_text() or model.chat_template,
         degraded=compiler.degraded,
     )
     state.extra_shutdown.append(compiler.close)

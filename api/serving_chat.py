@@ -23,7 +23,7 @@ from corral.api.errors import bad_request
 from corral.api.protocol import ChatCompletionRequest, TextFormat
 from corral.api.reasoning import ReasoningFormat
 from corral.api.receipts import enforce
-from corral.api.request_constraint import chat_constraint, reasoning_format
+from corral.api.request_constraint import after_reasoning, chat_constraint
 from corral.api.request_params import (
     budget_json,
     check_model,
@@ -79,20 +79,21 @@ async def prepare_chat(
     compile is abandoned if the client disconnects meanwhile."""
     tool_format = state.formatter.tool_format
     plan, constraint = await asyncio.to_thread(
-        chat_constraint, req, state.config, tool_format, state.forms
+        chat_constraint, req, state.config, tool_format, state.forms, None
     )
     limit = min(state.context_length, state.kv_capacity)
-    prompt_ids = await asyncio.to_thread(state.formatter.prompt_ids, req, plan, limit)
+    # this request's think block: none where the prompt closed it (enable_thinking: false)
+    prompt_ids, reasoning = await asyncio.to_thread(state.formatter.prompt, req, plan, limit)
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
     params = sampling_params(state, req, len(prompt_ids), req.token_limit(), stops)
-    reasoning = reasoning_format(state.config)
-    if req.max_reasoning_tokens is not None:
+    if req.max_reasoning_tokens is not None and (reasoning or not state.formatter.reasoning):
         params = replace(params, reasoning_budget=_budget(reasoning, req.max_reasoning_tokens))
     markers = [*(tool_format.triggers if plan.active else ()), *_markers(reasoning)]
     if params.skip_special_tokens and _special(state.tokenizer, markers):
         params = replace(params, skip_special_tokens=False)  # the parsers must see the markers
     if constraint is None:
         return PreparedChat(prompt_ids, params, None, plan, None, reasoning)
+    constraint = after_reasoning(constraint, reasoning)
     done = await enforce(state, request, constraint)
     params = await asyncio.to_thread(with_budget_close, state, params, req, constraint.spec)
     return PreparedChat(

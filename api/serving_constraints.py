@@ -47,7 +47,12 @@ async def constraint_receipt(
     with state.admission.slot():
         tool_format = state.formatter.tool_format
         constraint = await asyncio.to_thread(
-            required_constraint, req, state.config, tool_format, state.forms
+            required_constraint,
+            req,
+            state.config,
+            tool_format,
+            state.forms,
+            state.formatter.reasoning,
         )
         done = await enforce(state, request, constraint)
     return ApiJSONResponse(dump(ConstraintReceipt(corral=done.receipt)))

@@ -93,7 +93,10 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.formatter = ChatFormatter(
-            self.tokenizer, self.chat_template, self.config.tool_call_format
+            self.tokenizer,
+            self.chat_template,
+            self.config.tool_call_format,
+            self.config.reasoning_format,
         )
         self.admission = Admission(self.config.max_concurrent, self.config.queue_limit)
         self.metrics = ServerMetrics(

@@ -20,9 +20,19 @@ hermes     ``<tool_call>\\n{"name": "f", "arguments": {…}}\\n</tool_call>``  `
 llama3     ``<|python_tag|>{"name": "f", "parameters": {…}}`` or the same    ``<|python_tag|>``
            JSON without the tag (Llama 3.1-3.3 JSON tool calling)
 mistral    ``[TOOL_CALLS][{"name": "f", "arguments": {…}}]``                 ``[TOOL_CALLS]``
+phi4       ``<|tool_call|>[{"name": "f", "arguments": {…}}]<|/tool_call|>``  ``<|/tool|>``
+           (Phi-4-mini: the tools go in the system message's ``tools``)
+gemma      ````` ```tool_code\n{"name": "f", "arguments": {…}}\n``` `````    ``<start_of_turn>``
+           (Gemma 2 / 3 have no tool tokens: Google's ``tool_code`` fence,   (even without tools)
+           with a JSON call inside so the arguments can be constrained)
 corral     ``<tool_call>[{"name": "f", "parameters": {…}}]`` — the generic   anything else
            form, described in a system prompt, for templates without tools
 ========== ================================================================= ==================
+
+SmolLM3's template takes the tools as ``xml_tools`` and asks for hermes calls; Qwen3's renders
+``tools`` and asks for the same (``api.prompting`` finds where a template takes its tools).
+Formats with ``tool_result`` set write the history's tool results as a user turn in the
+format's convention (Gemma's template knows no ``tool`` role and requires alternating turns).
 """
 
 from __future__ import annotations
@@ -46,6 +56,12 @@ class ToolFormat:
     separator: str
     #: chosen automatically when the chat template contains this marker
     marker: str | None
+    #: the marker counts even when the template does not render tools (a model family whose
+    #: templates never do, recognised by its turn markers)
+    any_template: bool = False
+    #: how a tool result is shown to the model as (part of) a user turn, for templates that
+    #: have no ``tool`` role; None: the template renders ``tool`` messages itself
+    tool_result: Callable[[str], str] | None = None
 
     def begins(self, name: str) -> tuple[str, ...]:
         return tuple(opener(name) for opener in self.openers)
@@ -107,25 +123,44 @@ FORMATS: dict[str, ToolFormat] = {
             "[TOOL_CALLS]",
         ),
         ToolFormat(
+            "phi4",
+            (_key("<|tool_call|>[", "arguments"),),
+            "}]<|/tool_call|>",
+            ("<|tool_call|>",),
+            "",
+            "<|/tool|>",
+        ),
+        ToolFormat(
+            "gemma",
+            (_key("```tool_code\n", "arguments"),),
+            "}\n```",
+            ("```tool_code",),
+            "\n",
+            "<start_of_turn>",
+            any_template=True,
+            tool_result=lambda text: f"```tool_output\n{text}\n```",
+        ),
+        ToolFormat(
             "corral", (_key("<tool_call>[", "parameters"),), "}]", ("<tool_call>",), "", None
         ),
     )
 }
 GENERIC = FORMATS["corral"]
 #: Detection order: the more specific markers first (a template may mention several).
-_DETECT = ("mistral", "llama3", "hermes")
+_DETECT = ("mistral", "llama3", "phi4", "hermes", "gemma")
 
 
 def choose_format(chat_template: str | None, renders_tools: bool, flag: str | None) -> ToolFormat:
     """The format a model is served with: ``--tool-call-format`` when given, else the one whose
-    marker its chat template contains (if the template renders tools), else the generic one."""
+    marker its chat template contains (if the template renders tools, or the format is
+    recognised without), else the generic one."""
     if flag and flag != "auto":
         return FORMATS[flag]
-    if renders_tools and chat_template:
+    if chat_template:
         for name in _DETECT:
-            marker = FORMATS[name].marker
-            if marker and marker in chat_template:
-                return FORMATS[name]
+            fmt = FORMATS[name]
+            if (renders_tools or fmt.any_template) and fmt.marker and fmt.marker in chat_template:
+                return fmt
     return GENERIC
 
 
