@@ -27,7 +27,7 @@ constraint takes over as if the model had closed the block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.engine.serving.core import ReasoningBudget
 
@@ -39,6 +39,14 @@ class ReasoningFormat:
     close: str
     #: the template opens the block: output that never closes it is all reasoning
     starts_inside: bool
+
+    def under_constraint(self) -> ReasoningFormat:
+        """The format as a constrained output is read: the constraint's grammar
+        (``ConstraintSpec.after_reasoning``) makes the block mandatory — an optional open
+        marker, free text, the close marker — so everything before the close marker is
+        reasoning, whether or not the model wrote the open marker, and a budget counts from the
+        first output token."""
+        return replace(self, starts_inside=True)
 
     def budget(self, tokens: int) -> ReasoningBudget:
         """``max_reasoning_tokens``: the engine closes a block still open after ``tokens``

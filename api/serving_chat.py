@@ -84,6 +84,8 @@ async def prepare_chat(
     limit = min(state.context_length, state.kv_capacity)
     # this request's think block: none where the prompt closed it (enable_thinking: false)
     prompt_ids, reasoning = await asyncio.to_thread(state.formatter.prompt, req, plan, limit)
+    if constraint is not None and reasoning is not None:
+        reasoning = reasoning.under_constraint()  # read as the grammar writes it
     stops = req.stop_list() if plan.mode != "required" else []  # a stop must not cut arguments
     params = sampling_params(state, req, len(prompt_ids), req.token_limit(), stops)
     if req.max_reasoning_tokens is not None and (reasoning or not state.formatter.reasoning):
