@@ -1,10 +1,10 @@
 """Function calling: a request's tools as a structural tag in the served model's format.
 
-The format (``api.tool_formats``: Hermes/Qwen, Llama 3 JSON, Mistral, or Corral's generic one)
-gives each function a call opener; the constraint is a structural tag whose structures are
-``opener + the function's parameters + end``, so every call the model starts is constrained to
-the named function's ``parameters`` (strict analysis, the compiled-constraint cache, errors
-that name ``tools[i].function.parameters``):
+The format (``api.tool_formats``: Hermes/Qwen/SmolLM3, Llama 3 JSON, Mistral, Phi-4-mini, Gemma,
+or Corral's generic one) gives each function a call opener; the constraint is a structural tag
+whose structures are ``opener + the function's parameters + end``, so every call the model
+starts is constrained to the named function's ``parameters`` (strict analysis, the
+compiled-constraint cache, errors that name ``tools[i].function.parameters``):
 
 - ``auto``: free text (without the format's triggers) and calls, interleaved; with
   ``parallel_tool_calls: false`` the output ends after the first call.
