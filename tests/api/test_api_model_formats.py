@@ -326,3 +326,36 @@ def test_qwen3_server_refuses_bad_requests_with_a_400(qwen3_server, extra, param
             **body,
         )
     assert param in (info.value.body or {}).get("param", "") or param in str(info.value)
+
+
+# -- Gemma 3 and Phi-4-mini through a real server ----------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["gemma3", "phi4_mini"])
+def template_server(request, model_folder, tmp_path_factory):
+    args = ("--chat-template", str(TEMPLATES / f"{request.param}.jinja"), "--max-concurrent", "2",
+            "--memory", "256MB")  # fmt: skip
+    srv = start_server(model_folder, tmp_path_factory.mktemp(f"corral-{request.param}"), args)
+    yield request.param, srv
+    stop_server(srv)
+
+
+def test_gemma_and_phi_servers_take_a_tool_history_and_call(template_server) -> None:
+    """A history with a call and two results (Gemma's template wants alternating turns; Phi's
+    takes the tools in the system message), then a required call: streamed equals plain, the
+    arguments validate, and the call was written in the format detected from the template (the
+    tokens, as logprobs return them)."""
+    name, srv = template_server
+    history = [
+        *HISTORY[:4],
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        HISTORY[4],
+    ]
+    plain, streamed = _both(srv, messages=history, logprobs=True)
+    assert _summary(plain) == _summary(streamed)
+    assert plain.finish_reason == "tool_calls" and plain.message.content is None
+    written = "".join(t.token for t in plain.logprobs.content)
+    opener = {"gemma3": '```tool_code\n{"name": "', "phi4_mini": '<|tool_call|>[{"name": "'}[name]
+    assert written.startswith(opener), written
+    assert (plain.message.model_extra or {}).get("reasoning_content") is None  # no think block
+    _check(plain.message)
