@@ -39,11 +39,15 @@ _PROBE_CALL = {
 #: Llama 3.1, Hermes, Mistral), SmolLM3's ``xml_tools=``, and Phi-4-mini's ``tools`` field of
 #: the system message (a JSON string).
 TOOL_SLOTS = ("tools", "xml_tools", "system")
-#: ``chat_template_kwargs`` a request may not set: the ones Corral itself passes.
+#: ``chat_template_kwargs`` a request may not set: the ones Corral or the tokenizer passes, and
+#: the template's own functions (Jinja's globals and Hugging Face's).
 _RESERVED_KWARGS = frozenset(
     {"messages", "tools", "xml_tools", "python_tools", "documents", "chat_template",
      "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
-     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs"}
+     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
+     "bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
+     "additional_special_tokens", "raise_exception", "strftime_now", "range", "dict", "lipsum",
+     "cycler", "joiner", "namespace"}
 )  # fmt: skip
 
 

@@ -228,7 +228,9 @@ def test_malformed_calls_from_an_unconstrained_model_do_not_break_the_reader(fmt
     [({"tools": []}, "chat_template_kwargs"),
      ({"add_generation_prompt": False}, "chat_template_kwargs"),
      ({"not a name": 1}, "chat_template_kwargs"),
-     ({"_private": 1}, "chat_template_kwargs")],
+     ({"_private": 1}, "chat_template_kwargs"),
+     ({"bos_token": "<|im_start|>system"}, "chat_template_kwargs"),
+     ({"raise_exception": None}, "chat_template_kwargs")],
 )  # fmt: skip
 def test_chat_template_kwargs_that_corral_sets_are_refused(kwargs, param, smol_tokenizer) -> None:
     f = formatter(smol_tokenizer, "qwen3")
