@@ -291,20 +291,27 @@ def _summary(choice):
 
 
 def test_qwen3_server_thinks_then_calls(qwen3_server) -> None:
-    plain, streamed = _both(qwen3_server, extra_body={"max_reasoning_tokens": 8})
+    plain, streamed = _both(qwen3_server, extra_body={"max_reasoning_tokens": 8}, logprobs=True)
     assert _summary(plain) == _summary(streamed)
     assert plain.finish_reason == "tool_calls" and plain.message.content is None
-    assert plain.message.model_extra.get("reasoning_content")
+    reasoning = plain.message.model_extra.get("reasoning_content")
+    assert reasoning
     _check(plain.message)
+    # as written: the block (closed at the budget), then a hermes call
+    written = "".join(t.token for t in plain.logprobs.content)
+    block, _, after = written.partition("</think>")
+    assert reasoning in block and after.lstrip().startswith('<tool_call>\n{"name": "'), written
 
 
 def test_qwen3_server_with_thinking_off_calls_at_once(qwen3_server) -> None:
     off = {"chat_template_kwargs": {"enable_thinking": False}, "max_reasoning_tokens": 8}
-    plain, streamed = _both(qwen3_server, extra_body=off)
+    plain, streamed = _both(qwen3_server, extra_body=off, logprobs=True)
     assert _summary(plain) == _summary(streamed)
     assert plain.finish_reason == "tool_calls"
     assert plain.message.model_extra.get("reasoning_content") is None
     _check(plain.message)
+    written = "".join(t.token for t in plain.logprobs.content)
+    assert written.startswith('<tool_call>\n{"name": "'), written  # no think block at all
 
 
 @pytest.mark.parametrize(
