@@ -8,7 +8,6 @@ context before tokenizing it (see ``longest_token_chars``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import jinja2
@@ -22,6 +21,13 @@ from corral.api.protocol import (
     content_text,
 )
 from corral.api.reasoning import ReasoningFormat, choose_reasoning, thinks
+from corral.api.template_messages import (
+    TOOL_SLOTS,
+    placed,
+    results_as_user_turns,
+    template_kwargs,
+    with_tool_prompt,
+)
 from corral.api.tool_formats import ToolFormat, choose_format
 from corral.api.tools import ToolPlan, call_arguments, history_text
 from corral.grammar.core.input_checks import lone_surrogate_at
@@ -35,20 +41,6 @@ _PROBE_CALL = {
     "type": "function",
     "function": {"name": "probe_fn", "arguments": {"probe_arg": 1}},
 }
-#: Where chat templates take the tools, tried in this order: Hugging Face's ``tools=`` (Qwen,
-#: Llama 3.1, Hermes, Mistral), SmolLM3's ``xml_tools=``, and Phi-4-mini's ``tools`` field of
-#: the system message (a JSON string).
-TOOL_SLOTS = ("tools", "xml_tools", "system")
-#: ``chat_template_kwargs`` a request may not set: the ones Corral or the tokenizer passes, and
-#: the template's own functions (Jinja's globals and Hugging Face's).
-_RESERVED_KWARGS = frozenset(
-    {"messages", "tools", "xml_tools", "python_tools", "documents", "chat_template",
-     "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
-     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
-     "bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token",
-     "additional_special_tokens", "raise_exception", "strftime_now", "range", "dict", "lipsum",
-     "cycler", "joiner", "namespace"}
-)  # fmt: skip
 
 
 class ChatFormatter:
@@ -96,8 +88,8 @@ class ChatFormatter:
         probe = [{"role": "user", "content": "hi"}]
         for slot in TOOL_SLOTS:
             try:
-                with_tools = self._apply(*_placed(probe, [_PROBE_TOOL], slot))
-                without = self._apply(*_placed(probe, [], slot))
+                with_tools = self._apply(*placed(probe, [_PROBE_TOOL], slot))
+                without = self._apply(*placed(probe, [], slot))
             except Exception:  # a template that chokes on the probe does not take tools there
                 continue
             if with_tools != without and "probe_fn" in with_tools:
@@ -111,7 +103,7 @@ class ChatFormatter:
             {"role": "tool", "tool_call_id": "call_probe", "content": "ok"},
         ]
         try:
-            text = self._apply(*_placed(history, [_PROBE_TOOL], self.tool_slot or "tools"))
+            text = self._apply(*placed(history, [_PROBE_TOOL], self.tool_slot or "tools"))
         except Exception:  # a template that chokes on a call in the history does not render it
             return False
         return "probe_arg" in text
@@ -144,11 +136,11 @@ class ChatFormatter:
         extra = template_kwargs(req.chat_template_kwargs)
         messages = [self._message(m) for m in req.messages]
         if self.tool_format.tool_result is not None and not self.native_tools:
-            messages = _results_as_user_turns(messages, self.tool_format.tool_result)
+            messages = results_as_user_turns(messages, self.tool_format.tool_result)
         if tools and not self.native_tools:
-            messages = _with_tool_prompt(messages, self.tool_format.system_prompt(tools))
+            messages = with_tool_prompt(messages, self.tool_format.system_prompt(tools))
         listed = [t.model_dump(exclude_none=True) for t in tools]
-        messages, native, kwargs = _placed(messages, listed, self.tool_slot or "tools")
+        messages, native, kwargs = placed(messages, listed, self.tool_slot or "tools")
         try:
             text = self._apply(messages, native, {**extra, **kwargs})
         except jinja2.TemplateError as e:
@@ -212,71 +204,6 @@ class ChatFormatter:
             for c in m.tool_calls
         ]
         return {"role": "assistant", "content": text, "tool_calls": calls}
-
-
-def template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """A request's ``chat_template_kwargs`` (``{"enable_thinking": false}``): a 400 for a name
-    Corral passes itself or one that is not a plain identifier."""
-    for name in kwargs or {}:
-        if not name.isidentifier() or name.startswith("_") or name in _RESERVED_KWARGS:
-            raise bad_request(
-                f"chat_template_kwargs: {name!r} cannot be set (reserved or not an identifier)",
-                param="chat_template_kwargs",
-                code="invalid_value",
-            )
-    return dict(kwargs or {})
-
-
-def _placed(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]], slot: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any]]:
-    """(messages, ``tools=``, other template arguments) with ``tools`` where ``slot`` says."""
-    if not tools:
-        return messages, None, {}
-    if slot == "tools":
-        return messages, tools, {}
-    functions = [
-        {k: v for k, v in t["function"].items() if k in ("name", "description", "parameters")}
-        for t in tools
-    ]
-    if slot == "xml_tools":
-        return messages, None, {"xml_tools": functions}
-    listing = json.dumps(functions, ensure_ascii=False)
-    if messages and messages[0]["role"] == "system":
-        return [{**messages[0], "tools": listing}, *messages[1:]], None, {}
-    return [{"role": "system", "content": "", "tools": listing}, *messages], None, {}
-
-
-def _results_as_user_turns(
-    messages: list[dict[str, Any]], wrap: Callable[[str], str]
-) -> list[dict[str, Any]]:
-    """Tool results as user turns, for templates with no ``tool`` role: consecutive results,
-    and a user message right after them, share one turn (such templates want turns to
-    alternate)."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        follows_results = bool(out) and out[-1].get("from_tools")
-        if m["role"] == "tool":
-            text = wrap(m["content"])
-        elif m["role"] == "user" and follows_results:
-            text = m["content"]
-        else:
-            out.append(m)
-            continue
-        if follows_results:
-            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
-        else:
-            out.append({"role": "user", "content": text, "from_tools": True})
-    return [{k: v for k, v in m.items() if k != "from_tools"} for m in out]
-
-
-def _with_tool_prompt(messages: list[dict[str, Any]], description: str) -> list[dict[str, Any]]:
-    """Add the tools' description to the system prompt (creating one if there is none)."""
-    if messages and messages[0]["role"] == "system":
-        first = dict(messages[0])
-        first["content"] = (first["content"] + "\n\n" + description).strip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": description}, *messages]
 
 
 def check_text(text: str, param: str) -> None:
