@@ -3,7 +3,8 @@
 The metadata (tokenizer, chat template, rope, norms) is copied from the embedded SmolLM2 GGUF, the
 shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (Q4_K,
 which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and tied, as in the
-default model; norms are F32.
+default model; norms are F32. `arch="qwen3"` writes the same decoder as a Qwen3 GGUF: `qwen3.*`
+shape keys, and per-head Q/K norms (random F32, so they matter).
 """
 
 from __future__ import annotations
@@ -38,18 +39,23 @@ def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator, std
     return b.reshape(rows, -1)
 
 
-def write_random_llama_gguf(source: Path, out: Path, qtype: QT, seed: int = 0) -> Path:
-    """A 2-layer random Llama GGUF with `source`'s tokenizer and `qtype` matmul weights."""
+def write_random_llama_gguf(
+    source: Path, out: Path, qtype: QT, seed: int = 0, arch: str = "llama"
+) -> Path:
+    """A 2-layer random Llama (or `arch`) GGUF with `source`'s tokenizer and `qtype` matmul
+    weights."""
     reader = GGUFReader(source)
-    writer = GGUFWriter(str(out), "llama")
+    writer = GGUFWriter(str(out), arch)
     for key, f in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue  # written by the writer itself
         value = SHAPE_KEYS.get(key, f.contents())
         sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        if key.startswith("llama."):
+            key = arch + key.removeprefix("llama")
         writer.add_key_value(key, value, f.types[0], sub)
     if "llama.attention.key_length" not in reader.fields:
-        writer.add_key_value("llama.attention.key_length", 64, GGUFValueType.UINT32)
+        writer.add_key_value(f"{arch}.attention.key_length", 64, GGUFValueType.UINT32)
     vocab = (
         int(reader.fields["llama.vocab_size"].contents())
         if "llama.vocab_size" in (reader.fields)
@@ -69,6 +75,10 @@ def write_random_llama_gguf(source: Path, out: Path, qtype: QT, seed: int = 0) -
     for i in range(SHAPE_KEYS["llama.block_count"]):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        if arch == "qwen3":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                norm = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
+                writer.add_tensor(f"blk.{i}.{name}.weight", norm)
         for name, (rows, cols) in shapes.items():
             blocks = random_blocks(qtype, rows, cols, rng, cols**-0.5)
             writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
