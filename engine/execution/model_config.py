@@ -12,7 +12,8 @@ One frozen dataclass describes every model the engine runs. They are all one pre
   and global layers with their own rope bases (`layer_windows`, `layer_rope`, `local_rope`), the
   attention scale from `query_pre_attn_scalar`, optional final logit soft-capping.
 - Phi-3 / Phi-4-mini: fused `qkv_proj`/`gate_up_proj` checkpoint tensors (the loader splits
-  nothing: they are the engine's own fused layout), partial rotary (`rotary_dim`), LongRoPE.
+  nothing: they are the engine's own fused layout), partial rotary (`rotary_dim`), LongRoPE, a
+  sliding window on every layer where `sliding_window` is shorter than the context.
 
 Rope scaling (`RopeConfig.rope_type`): linear, llama3, yarn, longrope. LongRoPE has two factor
 sets; transformers picks the long one for a whole forward pass whose sequence exceeds
@@ -213,7 +214,8 @@ class ModelConfig:
                 f"attn_logit_softcapping {cfg['attn_logit_softcapping']!r} is not supported "
                 "(Gemma 3 checkpoints set it to null)"
             )
-        if model_type in ("qwen2", "qwen3", "qwen3_moe") and cfg.get("use_sliding_window", False):
+        windowed = ("qwen2", "qwen3", "qwen3_moe", "smollm3")
+        if model_type in windowed and cfg.get("use_sliding_window", False):
             raise UnsupportedModelError(
                 f"{model_type} with use_sliding_window=true is not supported"
             )
@@ -258,7 +260,7 @@ class ModelConfig:
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if gemma else None,
             final_logit_softcap=cfg.get("final_logit_softcapping"),
             rotary_dim=int(head_dim * partial),
-            layer_windows=_layer_windows(cfg, layers) if gemma else (),
+            layer_windows=_layer_windows(cfg, layers, gemma, context),
             layer_rope=_layer_rope(cfg, layers, gemma),
             local_rope=local_rope,
             moe=_moe_from_hf(cfg, layers) if model_type == "qwen3_moe" else None,
@@ -286,8 +288,15 @@ def _layer_types(cfg: dict[str, Any], layers: int) -> list[str]:
     return list(types)
 
 
-def _layer_windows(cfg: dict[str, Any], layers: int) -> tuple[int | None, ...]:
+def _layer_windows(
+    cfg: dict[str, Any], layers: int, gemma: bool, context: int
+) -> tuple[int | None, ...]:
     window = cfg.get("sliding_window")
+    if cfg.get("model_type") == "phi3":  # Phi-3: every layer, where the window is shorter
+        short = isinstance(window, int) and 0 < window < context
+        return (window,) * layers if short else ()
+    if not gemma:
+        return ()
     types = _layer_types(cfg, layers)
     if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
         raise UnsupportedModelError(f"sliding_window {window!r} must be a positive integer")
@@ -313,7 +322,7 @@ def _layer_rope(cfg: dict[str, Any], layers: int, gemma: bool) -> tuple[str, ...
 def _moe_from_hf(cfg: dict[str, Any], layers: int) -> MoEConfig:
     step = int(cfg.get("decoder_sparse_step", 1))
     dense = set(cfg.get("mlp_only_layers") or [])
-    experts = int(cfg["num_experts"])
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)  # v5: the latter
     sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(layers))
     return MoEConfig(
         num_experts=experts,
