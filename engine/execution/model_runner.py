@@ -78,6 +78,10 @@ class ModelRunner:
         ):
             log.warning("no CUDA graphs: they need CUDA and the Triton attention backend")
             return None
+        if capture and self.config.moe is not None:
+            # The experts' grouping reads each expert's token count on the host every step.
+            log.warning("no CUDA graphs: a mixture-of-experts step syncs with the host")
+            return None
         self.decode_graphs = DecodeGraphs(self, pool, max_batch, max_len, capture)
         return self.decode_graphs
 
