@@ -1,16 +1,25 @@
-"""The Llama-architecture decoder in plain torch, over a flat ragged batch.
+"""The decoder in plain torch, over a flat ragged batch: one pre-norm layer for every supported
+architecture (`model_config`), the differences being hooks on `DecoderLayer`.
 
 All `T` new tokens of all sequences go through every matmul together (one `[T, hidden]` activation
 per layer); attention sees the ragged batch through an `AttentionBackend`. Q/K/V and gate/up
-projections are fused into one weight each at load time, so a layer costs four matmuls.
-Numerics follow the Hugging Face Llama implementation (RMSNorm in float32, rotate-half RoPE) so the
-logits can be compared against it.
+projections are fused into one weight each at load time, so a layer costs four matmuls (a
+mixture-of-experts layer: two, plus its experts, `moe`).
+Numerics follow the Hugging Face implementations (RMSNorm in float32, rotate-half RoPE) so the
+logits can be compared against them (`tests/engine/test_engine_architectures.py`).
+
+Rope: each layer uses the global tables, the local ones (Gemma 3's sliding layers, their own
+base) or none (SmolLM3's NoPE layers); partial rotary (Phi-3) rotates the first `rotary_dim` dims
+of each head. YaRN and LongRoPE scale the inverse frequencies and multiply the tables by their
+attention factor, as transformers does.
 
 On a CPU a decode step is a few hundred small ops besides the matmuls, so each op counts: one RoPE
 over Q and K together, RMSNorm as one fused op. The matmuls run on oneDNN-packed weights once
 `pack_weights` has been called (see `corral.engine.kernels.matmul`). In bfloat16 on the CPU (the quantized
 path) the norms (the second fused with its residual add), RoPE and silu * up are C kernels
-instead (`corral.engine.kernels.cpu_kernels`), chosen once per forward pass.
+instead (`corral.engine.kernels.cpu_kernels`), chosen once per forward pass, and a decode-only
+step runs each layer as one C call (`fused_decode`). Both cover the plain Llama layer only
+(`ModelConfig.plain`); a layer with any hook runs its small ops in torch.
 """
 
 from __future__ import annotations
