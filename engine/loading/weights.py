@@ -59,7 +59,35 @@ def load_weights_from_folder(
             f = stack.enter_context(safe_open(str(path), framework="pt"))
             for name in f.keys():
                 sources[name] = functools.partial(f.get_tensor, name)
-        return build_model(sources, config, dtype, device)
+        return build_model(text_decoder_tensors(sources), config, dtype, device)
+
+
+# A multimodal checkpoint (Gemma 3 4B and up) holds its language model under a prefix, beside
+# the vision tower and projector, which a text-only server does not load.
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                    "model.multi_modal_projector.")  # fmt: skip
+
+
+def text_decoder_tensors(sources: dict[str, Callable[[], torch.Tensor]]):
+    """`sources` with a multimodal checkpoint's language-model names made plain and its vision
+    tensors left out; a text-only checkpoint's names are returned as they are."""
+    if not any(n.startswith(tuple(p for p, _ in _TEXT_PREFIXES)) for n in sources):
+        return sources
+    out = {}
+    for name, read in sources.items():
+        if name.startswith(_VISION_PREFIXES):
+            continue
+        for prefix, plain in _TEXT_PREFIXES:
+            if name.startswith(prefix):
+                name = plain + name.removeprefix(prefix)
+                break
+        out[name] = read
+    return out
 
 
 def build_model(

@@ -252,3 +252,20 @@ def test_the_engine_serves_each_architecture(case, smollm2_folder, tmp_path):
     for _ in range(6):
         ids.append(int(reference_logits(ref, ids)[-1].argmax()))
     assert tokens == ids[len(prompt) :]
+
+
+def test_a_multimodal_gemma3_checkpoint_serves_its_language_model(tmp_path):
+    # Gemma 3 4B and up: `Gemma3ForConditionalGeneration`, the text decoder under
+    # `language_model.`, a vision tower beside it (left unloaded). Text-only prompts. No final
+    # soft-capping: transformers' multimodal class does not apply it (Gemma 3 sets none).
+    text = {**CASES["gemma3"][1].to_dict(), "final_logit_softcapping": None}
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+    )  # fmt: skip
+    ref = save_random(transformers.Gemma3ForConditionalGeneration, config, tmp_path)
+    cfg = ModelConfig.from_folder(tmp_path)
+    runner = ModelRunner(load_weights_from_folder(tmp_path, cfg, torch.float32, "cpu"))
+    SCENARIOS["prefill-decode"](runner, ref, _close_for(0.0), VOCAB)
