@@ -8,8 +8,12 @@ other checkpoint. Memory holds one dequantized tensor at a time, never the model
 
 llama.cpp stores Llama's Q and K projection rows interleaved for its rotary kernel (pairs
 `(i, i + d/2)` of each head become neighbours); `unpermute_qk` restores Hugging Face's half-split
-layout. Qwen2 and Qwen3 GGUFs are not permuted. Qwen3 adds per-head Q/K norms
-(`blk.N.attn_q_norm.weight`, `attn_k_norm`).
+layout. Qwen2, Qwen3 and Gemma 3 GGUFs are not permuted. Qwen3 and Gemma 3 add
+per-head Q/K norms (`blk.N.attn_q_norm.weight`, `attn_k_norm`); Gemma 3 norms the attention and
+MLP outputs too (`post_attention_norm`, `post_ffw_norm`; its `ffn_norm` is the pre-MLP norm) and
+stores its norm weights with the `1 + w` offset folded in (taken out again here). What llama.cpp
+fixes in code instead of the file (Gemma 3's global every 6th layer and local rope base) is
+written into the config as llama.cpp assumes it.
 """
 
 from __future__ import annotations
@@ -27,12 +31,18 @@ from gguf.quants import dequantize
 
 from corral.engine.execution.model_config import UnsupportedModelError
 
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+# SmolLM3 is not among them: transformers cannot build its tokenizer from a GGUF.
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+PERMUTED_QK_ARCHS = ("llama",)  # convert_hf_to_gguf's Llama path interleaves Q/K rows
+# llama.cpp fixes these rather than storing them: Gemma 3's sliding layers use base 10,000 and
+# every 6th layer is global.
+_GEMMA3_LOCAL_BASE, _GEMMA3_PATTERN = 10000.0, 6
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -44,8 +54,10 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
     "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",  # Gemma 3 (its ffn_norm: see below)
+    "post_ffw_norm": "post_feedforward_layernorm",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
@@ -89,9 +101,9 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         rope.update(rope_type="linear", factor=float(a("rope.scaling.factor")))
     elif scaling != "none":
         raise UnsupportedModelError(f"GGUF rope scaling {scaling!r} is not supported")
-    return {
+    config = {
         "architectures": [_HF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": int(a("feed_forward_length")),
@@ -109,15 +121,38 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "gemma3":
+        layers = config["num_hidden_layers"]
+        config.update(
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=int(a("attention.sliding_window")),
+            layer_types=[
+                "sliding_attention" if (i + 1) % _GEMMA3_PATTERN else "full_attention"
+                for i in range(layers)
+            ],  # fmt: skip
+            rope_local_base_freq=_GEMMA3_LOCAL_BASE,
+            # as llama.cpp: 1/sqrt(head_dim), except Gemma 3 27B (62 layers): 1/sqrt(hidden/heads)
+            query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+            final_logit_softcapping=a("final_logit_softcapping"),
+            attn_logit_softcapping=a("attn_logit_softcapping"),
+        )
+        rope = config.pop("rope_parameters")
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["rope_scaling"] = rope if rope["rope_type"] != "default" else None
+    return config
 
 
-def hf_name(gguf_name: str) -> str:
-    """Hugging Face tensor name of a GGUF tensor name (`blk.3.attn_q.weight` -> ...q_proj.weight)."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """Hugging Face tensor name of a GGUF tensor name (`blk.3.attn_q.weight` -> ...q_proj.weight)
+    for a file of architecture `arch` (Gemma 3's `ffn_norm` is its pre-feedforward norm)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+        name = _LAYER_NAMES[parts[2]]
+        if arch in ("gemma3", "gemma3_text") and parts[2] == "ffn_norm":
+            name = "pre_feedforward_layernorm"
+        return f"model.layers.{parts[1]}.{name}.{parts[3]}"
     raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-style decoder")
 
 
@@ -134,9 +169,17 @@ def dequantized(t: Any, name: str, config: dict[str, Any], dtype: torch.dtype) -
     proj = name.split(".")[-2]
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     data = t.data
-    if config["model_type"] == "llama" and proj in heads:
+    if config["model_type"] in PERMUTED_QK_ARCHS and proj in heads:
         data = unpermute_qk(data, heads[proj])  # whole rows move: blocks along K stay intact
-    return dequantize_array(data, t.tensor_type, shape, dtype)
+    out = dequantize_array(data, t.tensor_type, shape, dtype)
+    if config["model_type"] == "gemma3_text" and name.endswith("norm.weight"):
+        out = out - GGUF_NORM_OFFSET["gemma3_text"]  # back to Hugging Face's `w` of `(1 + w)`
+    return out
+
+
+# llama.cpp's converter stores Gemma's norm weights as `1 + w` (its RMSNorm multiplies by the
+# weight as is); the Hugging Face layout keeps `w`.
+GGUF_NORM_OFFSET = {"gemma3_text": 1.0}
 
 
 def dequantize_array(data: np.ndarray, qtype: Any, shape: tuple[int, ...], dtype: torch.dtype):
@@ -200,7 +243,8 @@ def convert_gguf_to_hf(
     config = hf_config_from_gguf(reader)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     if weights:
-        tensors = {hf_name(t.name): t for t in reader.tensors}  # in file order
+        arch = config["model_type"]
+        tensors = {hf_name(t.name, arch): t for t in reader.tensors}  # in file order
         entries = [(n, tuple(int(d) for d in reversed(t.shape))) for n, t in tensors.items()]
         write_safetensors_streaming(
             out_dir / "model.safetensors",

@@ -38,7 +38,13 @@ from corral.engine.kernels.quant import (
     int4_from_gguf,
     int4_linear,
 )
-from corral.engine.loading.gguf_loader import dequantize_array, hf_name, unpermute_qk
+from corral.engine.loading.gguf_loader import (
+    GGUF_NORM_OFFSET,
+    PERMUTED_QK_ARCHS,
+    dequantize_array,
+    hf_name,
+    unpermute_qk,
+)
 from corral.engine.loading.weights import WeightLoadError
 
 log = logging.getLogger(__name__)
@@ -148,8 +154,8 @@ class _GGUFTensors:
 
     def __init__(self, path: Path, config: ModelConfig) -> None:
         self.path = path
-        self.by_name = {hf_name(n): t for n, t in gguf_index(path).items()}
-        self.permuted = config.model_type == "llama"
+        self.by_name = {hf_name(n, config.model_type): t for n, t in gguf_index(path).items()}
+        self.permuted = config.model_type in PERMUTED_QK_ARCHS
         self.heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
         self.used: set[str] = set()
         self.dense: Counter[str] = Counter()
@@ -292,8 +298,15 @@ def load_gguf_quantized(path: str | Path, config: ModelConfig, dtype: torch.dtyp
     return model
 
 
+def _norm(src: _GGUFTensors, name: str, c: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """A norm weight as the model holds it (`norm_offset` folded in, as the GGUF has it)."""
+    if c.norm_offset != GGUF_NORM_OFFSET.get(c.model_type, 0.0):
+        raise WeightLoadError(f"{c.model_type}: GGUF norms without the model's norm offset")
+    return src.dequantized(name, dtype)
+
+
 def _fill(model: DecoderModel, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype) -> None:
-    model.norm.copy_(src.dequantized("model.norm.weight", dtype))
+    model.norm.copy_(_norm(src, "model.norm.weight", c, dtype))
     embed = src.rows("model.embed_tokens.weight")
     model.set_embedding(embed)
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
@@ -309,11 +322,16 @@ def _fill_layer(
     layer: DecoderLayer, prefix: str, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype
 ) -> None:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
-    layer.input_norm.copy_(src.dequantized(prefix + "input_layernorm.weight", dtype))
-    layer.post_norm.copy_(src.dequantized(prefix + "post_attention_layernorm.weight", dtype))
-    if c.qk_norm:  # Qwen3
-        layer.q_norm.copy_(src.dequantized(attn + "q_norm.weight", dtype))
-        layer.k_norm.copy_(src.dequantized(attn + "k_norm.weight", dtype))
+    norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
+    if c.sandwich_norms:  # Gemma 3 (as in `weights._fill_layer`)
+        norms.update(attn_out_norm="post_attention_layernorm",
+                     post_norm="pre_feedforward_layernorm",
+                     mlp_out_norm="post_feedforward_layernorm")  # fmt: skip
+    if c.qk_norm:  # Qwen3, Gemma 3
+        norms.update(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+    for param, name in norms.items():
+        # A Gemma GGUF's norms already carry the model's `(1 + w)` offset.
+        getattr(layer, param).copy_(_norm(src, f"{prefix}{name}.weight", c, dtype))
     qkv = tuple(f"{attn}{p}.weight" for p in ("q_proj", "k_proj", "v_proj"))
     layer.set_matmul_weight("qkv_weight", _matmul(src, qkv, dtype))
     layer.set_matmul_weight("o_weight", _matmul(src, (attn + "o_proj.weight",), dtype))

@@ -3,8 +3,9 @@
 The metadata (tokenizer, chat template, rope, norms) is copied from the embedded SmolLM2 GGUF, the
 shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (Q4_K,
 which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and tied, as in the
-default model; norms are F32. `arch="qwen3"` writes the same decoder as a Qwen3 GGUF: `qwen3.*`
-shape keys, and per-head Q/K norms (random F32, so they matter).
+default model; norms are F32. `arch` writes the same decoder as another architecture's GGUF
+(its own key prefix): `qwen3` adds per-head Q/K norms; `gemma3` adds Q/K norms, norms after attention and
+MLP, and a 4-token sliding window. Added norms are random F32 around 1, so they matter.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ SHAPE_KEYS = {
     "llama.attention.head_count_kv": 2,
     "llama.rope.dimension_count": 64,
 }
+
+
+# transformers builds a Gemma tokenizer for a `gemma3` file and adds `<mask>` where the
+# vocabulary lacks it; SmolLM2's lacks it, so the Gemma files get it as one more control token.
+_GEMMA_MASK_TOKEN = {"tokenizer.ggml.tokens": "<mask>", "tokenizer.ggml.token_type": 3}
 
 
 def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator, std: float):
@@ -50,17 +56,23 @@ def write_random_llama_gguf(
         if key.startswith("GGUF.") or key == "general.architecture":
             continue  # written by the writer itself
         value = SHAPE_KEYS.get(key, f.contents())
+        if arch == "gemma3" and key in _GEMMA_MASK_TOKEN:  # every Gemma vocabulary has it
+            value = [*value, _GEMMA_MASK_TOKEN[key]]
+        if arch == "gemma3" and key == "llama.vocab_size":
+            value += 1
         sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
         if key.startswith("llama."):
             key = arch + key.removeprefix("llama")
         writer.add_key_value(key, value, f.types[0], sub)
     if "llama.attention.key_length" not in reader.fields:
         writer.add_key_value(f"{arch}.attention.key_length", 64, GGUFValueType.UINT32)
+    if arch == "gemma3":
+        writer.add_key_value("gemma3.attention.sliding_window", 4, GGUFValueType.UINT32)
     vocab = (
         int(reader.fields["llama.vocab_size"].contents())
         if "llama.vocab_size" in (reader.fields)
         else len(reader.fields["tokenizer.ggml.tokens"].contents())
-    )
+    ) + (arch == "gemma3")
     hidden, inter = SHAPE_KEYS["llama.embedding_length"], SHAPE_KEYS["llama.feed_forward_length"]
     q_rows, kv_rows = 4 * 64, 2 * 64
     rng = np.random.default_rng(seed)
@@ -75,10 +87,14 @@ def write_random_llama_gguf(
     for i in range(SHAPE_KEYS["llama.block_count"]):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
-        if arch == "qwen3":
-            for name in ("attn_q_norm", "attn_k_norm"):
-                norm = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
-                writer.add_tensor(f"blk.{i}.{name}.weight", norm)
+        extra = {
+            "qwen3": ("attn_q_norm", "attn_k_norm"),
+            "gemma3": ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"),
+        }
+        for name in extra.get(arch, ()):
+            size = 64 if name.startswith("attn_") else hidden
+            norm = (1 + 0.3 * rng.standard_normal(size)).astype(np.float32)
+            writer.add_tensor(f"blk.{i}.{name}.weight", norm)
         for name, (rows, cols) in shapes.items():
             blocks = random_blocks(qtype, rows, cols, rng, cols**-0.5)
             writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
