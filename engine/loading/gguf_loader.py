@@ -13,7 +13,9 @@ per-head Q/K norms (`blk.N.attn_q_norm.weight`, `attn_k_norm`); Gemma 3 norms th
 MLP outputs too (`post_attention_norm`, `post_ffw_norm`; its `ffn_norm` is the pre-MLP norm) and
 stores its norm weights with the `1 + w` offset folded in (taken out again here). What llama.cpp
 fixes in code instead of the file (Gemma 3's global every 6th layer and local rope base) is
-written into the config as llama.cpp assumes it.
+written into the config as llama.cpp assumes it. Qwen3-MoE stores each layer's experts stacked
+(`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: `[experts, out, in]`) beside the router
+(`ffn_gate_inp`); gate and up are written as one `gate_up_proj` per layer.
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from gguf.quants import dequantize
 from corral.engine.execution.model_config import UnsupportedModelError
 
 # SmolLM3 is not among them: transformers cannot build its tokenizer from a GGUF.
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
 PERMUTED_QK_ARCHS = ("llama",)  # convert_hf_to_gguf's Llama path interleaves Q/K rows
@@ -58,6 +61,10 @@ _LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
     "post_attention_norm": "post_attention_layernorm",  # Gemma 3 (its ffn_norm: see below)
     "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate_inp": "mlp.gate",  # Qwen3-MoE: the router, and the experts stacked [E, out, in]
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
@@ -103,10 +110,10 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         raise UnsupportedModelError(f"GGUF rope scaling {scaling!r} is not supported")
     config = {
         "architectures": [_HF_ARCHITECTURES[arch]],
-        "model_type": "gemma3_text" if arch == "gemma3" else arch,
+        "model_type": {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch),
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(a("feed_forward_length")),
+        "intermediate_size": int(a("feed_forward_length") or a("expert_feed_forward_length")),
         "num_hidden_layers": int(a("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(a("attention.head_count_kv", heads)),
@@ -121,6 +128,15 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "qwen3moe":  # llama.cpp: every layer routed, the top-k weights renormalised
+        config.update(
+            num_experts=int(a("expert_count")),
+            num_experts_per_tok=int(a("expert_used_count")),
+            moe_intermediate_size=int(a("expert_feed_forward_length")),
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     if arch == "gemma3":
         layers = config["num_hidden_layers"]
         config.update(
@@ -246,16 +262,46 @@ def convert_gguf_to_hf(
         arch = config["model_type"]
         tensors = {hf_name(t.name, arch): t for t in reader.tensors}  # in file order
         entries = [(n, tuple(int(d) for d in reversed(t.shape))) for n, t in tensors.items()]
+        entries = _stacked_experts(entries)
         write_safetensors_streaming(
             out_dir / "model.safetensors",
             entries,
-            lambda name: dequantized(tensors[name], name, config, dtype),
+            lambda name: _produce(tensors, name, config, dtype),
             dtype,
         )
     _write_tokenizer(reader, gguf_path, out_dir, config)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+_GATE, _UP, _GATE_UP = "mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.gate_up_proj"
+
+
+def _stacked_experts(entries: list[tuple[str, tuple[int, ...]]]):
+    """A MoE layer's gate and up experts (`[E, I, H]` each) as one `gate_up_proj` `[E, 2I, H]`,
+    the stacked layout the weight loader (and transformers >= 5) reads."""
+    out = []
+    for name, shape in entries:
+        if _UP in name:
+            continue
+        if _GATE in name:
+            name = name.replace(_GATE, _GATE_UP).removesuffix(".weight")
+            shape = (shape[0], 2 * shape[1], shape[2])
+        elif "mlp.experts.down_proj" in name:
+            name = name.removesuffix(".weight")
+        out.append((name, shape))
+    return out
+
+
+def _produce(tensors: dict[str, Any], name: str, config: dict[str, Any], dtype: torch.dtype):
+    if _GATE_UP in name:
+        gate, up = (name.replace(_GATE_UP, part) + ".weight" for part in (_GATE, _UP))
+        parts = (dequantized(tensors[n], n, config, dtype) for n in (gate, up))
+        return torch.cat(tuple(parts), dim=1)
+    if name.endswith("mlp.experts.down_proj"):
+        name += ".weight"
+    return dequantized(tensors[name], name, config, dtype)
 
 
 def _write_tokenizer(

@@ -7,8 +7,8 @@ gate/up are packed from the concatenated block rows (llama.cpp's Q/K row interle
 rows first). A tied embedding is packed as the LM head. The embedding table itself is not loaded:
 `GGUFRows` reads the rows a step needs from the file, and the LM head's best 64 logits per row
 are recomputed from them in float32 (`RefinedHead`). Anything else (norms, biases, a Q6_K or F16
-matmul weight, one whose row count the kernel cannot tile) is dequantized to the model's dtype,
-with one log line naming what stayed dense.
+matmul weight, one whose row count the kernel cannot tile, a mixture-of-experts layer's experts)
+is dequantized to the model's dtype, with one log line naming what stayed dense.
 
 Memory: tensors are read from the file with plain reads into a buffer of their own, one at a
 time, never through the memory map, so the process holds the packed model (about the file's size)
@@ -322,6 +322,16 @@ def _fill_layer(
     layer: DecoderLayer, prefix: str, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype
 ) -> None:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    if layer.moe is not None:  # the experts stay dense (dequantized to `dtype`)
+        moe, experts = layer.moe, mlp + "experts."
+        moe.router.copy_(src.dequantized(mlp + "gate.weight", dtype))
+        gate, up = (
+            src.dequantized(f"{experts}{p}.weight", dtype) for p in ("gate_proj", "up_proj")
+        )
+        moe.gate_up.copy_(torch.cat((gate, up), dim=1))
+        moe.down.copy_(src.dequantized(experts + "down_proj.weight", dtype))
+        src.dense.update(src.qtype(f"{experts}{p}.weight").name + " (experts)"
+                         for p in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
     norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
     if c.sandwich_norms:  # Gemma 3 (as in `weights._fill_layer`)
         norms.update(attn_out_norm="post_attention_layernorm",
@@ -335,9 +345,10 @@ def _fill_layer(
     qkv = tuple(f"{attn}{p}.weight" for p in ("q_proj", "k_proj", "v_proj"))
     layer.set_matmul_weight("qkv_weight", _matmul(src, qkv, dtype))
     layer.set_matmul_weight("o_weight", _matmul(src, (attn + "o_proj.weight",), dtype))
-    gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
-    layer.set_matmul_weight("gate_up_weight", _matmul(src, gate_up, dtype))
-    layer.set_matmul_weight("down_weight", _matmul(src, (mlp + "down_proj.weight",), dtype))
+    if layer.moe is None:
+        gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
+        layer.set_matmul_weight("gate_up_weight", _matmul(src, gate_up, dtype))
+        layer.set_matmul_weight("down_weight", _matmul(src, (mlp + "down_proj.weight",), dtype))
     if c.qkv_bias:
         bias = torch.cat([src.dequantized(n.replace(".weight", ".bias"), dtype) for n in qkv])
         layer.qkv_bias.copy_(bias)
@@ -359,7 +370,7 @@ def _matmul(
 
 
 def _count_quantized(model: DecoderModel) -> int:
-    weights = [getattr(layer, n) for layer in model.layers for n in DecoderLayer.MATMUL_WEIGHTS]
+    weights = [getattr(layer, n) for layer in model.layers for n in layer.matmul_names]
     return sum(not isinstance(w, torch.Tensor) for w in [*weights, model.lm_head])
 
 

@@ -5,7 +5,8 @@ shape keys are overridden, and every matmul tensor is random weights quantized t
 which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and tied, as in the
 default model; norms are F32. `arch` writes the same decoder as another architecture's GGUF
 (its own key prefix): `qwen3` adds per-head Q/K norms; `gemma3` adds Q/K norms, norms after attention and
-MLP, and a 4-token sliding window. Added norms are random F32 around 1, so they matter.
+MLP, and a 4-token sliding window; `qwen3moe` adds Q/K norms and
+replaces each MLP by 8 experts (top 2) of width 128, stacked `[E, out, in]`, and an F32 router. Added norms are random F32 around 1, so they matter.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def write_random_llama_gguf(
         writer.add_key_value(f"{arch}.attention.key_length", 64, GGUFValueType.UINT32)
     if arch == "gemma3":
         writer.add_key_value("gemma3.attention.sliding_window", 4, GGUFValueType.UINT32)
+    experts = {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 128}
+    for key, value in experts.items() if arch == "qwen3moe" else ():
+        writer.add_key_value(f"qwen3moe.{key}", value, GGUFValueType.UINT32)
     vocab = (
         int(reader.fields["llama.vocab_size"].contents())
         if "llama.vocab_size" in (reader.fields)
@@ -89,6 +93,7 @@ def write_random_llama_gguf(
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
         extra = {
             "qwen3": ("attn_q_norm", "attn_k_norm"),
+            "qwen3moe": ("attn_q_norm", "attn_k_norm"),
             "gemma3": ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"),
         }
         for name in extra.get(arch, ()):
@@ -96,8 +101,20 @@ def write_random_llama_gguf(
             norm = (1 + 0.3 * rng.standard_normal(size)).astype(np.float32)
             writer.add_tensor(f"blk.{i}.{name}.weight", norm)
         for name, (rows, cols) in shapes.items():
+            if arch == "qwen3moe" and name.startswith("ffn_"):
+                continue
             blocks = random_blocks(qtype, rows, cols, rng, cols**-0.5)
             writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
+        if arch == "qwen3moe":
+            n, width = experts["expert_count"], experts["expert_feed_forward_length"]
+            router = (rng.standard_normal((n, hidden)) * hidden**-0.5 * 4).astype(np.float32)
+            writer.add_tensor(f"blk.{i}.ffn_gate_inp.weight", router)
+            for name, (rows, cols) in {"ffn_gate_exps": (width, hidden),
+                                       "ffn_up_exps": (width, hidden),
+                                       "ffn_down_exps": (hidden, width)}.items():  # fmt: skip
+                blocks = np.stack([random_blocks(qtype, rows, cols, rng, cols**-0.5)
+                                   for _ in range(n)])  # fmt: skip
+                writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -230,7 +230,7 @@ def test_a_long_prompt_prefilled_in_chunks_runs_quantized(quantized):
     eng.check_integrity()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe", "gemma3"])
 def test_other_architectures_load_from_gguf_on_both_paths(arch, tmp_path):
     # Each architecture's GGUF layout (keys, extra norms, Q/K row order, Gemma's stored `1 + w`
     # norms): the converted folder matches transformers' own class on it, and the quantized
@@ -242,7 +242,8 @@ def test_other_architectures_load_from_gguf_on_both_paths(arch, tmp_path):
     )
     ref = load_model(str(path), cache_dir=tmp_path, quantize="none")
     ours = load_model(str(path), cache_dir=tmp_path, quantize="gguf")
-    assert ref.runner.config.model_type == {"gemma3": "gemma3_text"}.get(arch, arch)
+    model_type = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    assert ref.runner.config.model_type == model_type
     text = "Hello there, friend. " * 3  # longer than Gemma's 4-token window
     prompts = [ref.tokenizer(t)["input_ids"] for t in (text, "1, 2, 3, 4")]
     want = all_row_logits(ref, prompts)
