@@ -368,8 +368,9 @@ def _rope(cfg: dict[str, Any], params: dict[str, Any], head_dim: int, theta: flo
             attention_factor=_yarn_attention_factor(params, factor),
         )
     elif rope_type == "longrope":
-        original = int(params.get("original_max_position_embeddings")
-                       or cfg.get("original_max_position_embeddings") or context)  # fmt: skip
+        # transformers' Phi3Config lets the top-level field override the rope parameters' one
+        original = int(cfg.get("original_max_position_embeddings")
+                       or params.get("original_max_position_embeddings") or context)  # fmt: skip
         factor = float(factor if factor is not None else context / original)
         attention = params.get("attention_factor")
         if attention is None:

@@ -15,7 +15,9 @@ stores its norm weights with the `1 + w` offset folded in (taken out again here)
 fixes in code instead of the file (Gemma 3's global every 6th layer and local rope base) is
 written into the config as llama.cpp assumes it. Qwen3-MoE stores each layer's experts stacked
 (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: `[experts, out, in]`) beside the router
-(`ffn_gate_inp`); gate and up are written as one `gate_up_proj` per layer.
+(`ffn_gate_inp`); gate and up are written as one `gate_up_proj` per layer. Phi-3 stores Q/K/V and
+gate/up fused (`attn_qkv`, `ffn_up`), partial rotary as `rope.dimension_count`, and LongRoPE's two
+factor sets as the tensors `rope_factors_long`/`rope_factors_short`, read into the config.
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from gguf.quants import dequantize
 from corral.engine.execution.model_config import UnsupportedModelError
 
 # SmolLM3 is not among them: transformers cannot build its tokenizer from a GGUF.
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
 }
 PERMUTED_QK_ARCHS = ("llama",)  # convert_hf_to_gguf's Llama path interleaves Q/K rows
@@ -67,6 +70,7 @@ _LAYER_NAMES = {
     "ffn_down_exps": "mlp.experts.down_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3: fused (and its `ffn_up` is gate and up fused)
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -99,8 +103,9 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
     heads = int(a("attention.head_count"))
     hidden = int(a("embedding_length"))
     head_dim = int(a("attention.key_length", hidden // heads))
-    if int(a("rope.dimension_count", head_dim)) != head_dim:
-        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    rotary = int(a("rope.dimension_count", head_dim))
+    if rotary != head_dim and arch != "phi3":
+        raise UnsupportedModelError(f"partial rotary embeddings are not supported for {arch}")
     vocab = a("vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(a("rope.freq_base", 1e4))}
     scaling = a("rope.scaling.type", "none")
@@ -108,6 +113,16 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         rope.update(rope_type="linear", factor=float(a("rope.scaling.factor")))
     elif scaling != "none":
         raise UnsupportedModelError(f"GGUF rope scaling {scaling!r} is not supported")
+    if ROPE_FACTOR_TENSORS[0] in names:  # Phi-3 LongRoPE: the factor sets are tensors
+        factors = {t.name: [float(x) for x in t.data] for t in reader.tensors
+                   if t.name in ROPE_FACTOR_TENSORS}  # fmt: skip
+        rope.update(
+            rope_type="longrope",
+            long_factor=factors[ROPE_FACTOR_TENSORS[0]],
+            short_factor=factors[ROPE_FACTOR_TENSORS[1]],
+            original_max_position_embeddings=int(a("rope.scaling.original_context_length")),
+            attention_factor=float(a("rope.scaling.attn_factor", 1.0)),
+        )
     config = {
         "architectures": [_HF_ARCHITECTURES[arch]],
         "model_type": {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch),
@@ -128,6 +143,11 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
         "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "phi3":
+        config["rope_parameters"]["partial_rotary_factor"] = rotary / head_dim
+        if rope["rope_type"] == "longrope":  # Phi3Config reads the top-level field
+            config["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+        config["sliding_window"] = a("attention.sliding_window")
     if arch == "qwen3moe":  # llama.cpp: every layer routed, the top-k weights renormalised
         config.update(
             num_experts=int(a("expert_count")),
@@ -168,8 +188,14 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str:
         name = _LAYER_NAMES[parts[2]]
         if arch in ("gemma3", "gemma3_text") and parts[2] == "ffn_norm":
             name = "pre_feedforward_layernorm"
+        if arch == "phi3" and parts[2] == "ffn_up":
+            name = "mlp.gate_up_proj"
         return f"model.layers.{parts[1]}.{name}.{parts[3]}"
     raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name!r} for a Llama-style decoder")
+
+
+# Phi-3's LongRoPE factor sets (long, short): metadata stored as tensors, not model weights.
+ROPE_FACTOR_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -260,7 +286,9 @@ def convert_gguf_to_hf(
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     if weights:
         arch = config["model_type"]
-        tensors = {hf_name(t.name, arch): t for t in reader.tensors}  # in file order
+        tensors = {
+            hf_name(t.name, arch): t for t in reader.tensors if t.name not in ROPE_FACTOR_TENSORS
+        }  # in file order; fmt: skip
         entries = [(n, tuple(int(d) for d in reversed(t.shape))) for n, t in tensors.items()]
         entries = _stacked_experts(entries)
         write_safetensors_streaming(

@@ -41,6 +41,7 @@ from corral.engine.kernels.quant import (
 from corral.engine.loading.gguf_loader import (
     GGUF_NORM_OFFSET,
     PERMUTED_QK_ARCHS,
+    ROPE_FACTOR_TENSORS,
     dequantize_array,
     hf_name,
     unpermute_qk,
@@ -154,7 +155,11 @@ class _GGUFTensors:
 
     def __init__(self, path: Path, config: ModelConfig) -> None:
         self.path = path
-        self.by_name = {hf_name(n, config.model_type): t for n, t in gguf_index(path).items()}
+        self.by_name = {
+            hf_name(n, config.model_type): t
+            for n, t in gguf_index(path).items()
+            if n not in ROPE_FACTOR_TENSORS
+        }  # read into the config; fmt: skip
         self.permuted = config.model_type in PERMUTED_QK_ARCHS
         self.heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
         self.used: set[str] = set()
@@ -343,10 +348,14 @@ def _fill_layer(
         # A Gemma GGUF's norms already carry the model's `(1 + w)` offset.
         getattr(layer, param).copy_(_norm(src, f"{prefix}{name}.weight", c, dtype))
     qkv = tuple(f"{attn}{p}.weight" for p in ("q_proj", "k_proj", "v_proj"))
+    if attn + "qkv_proj.weight" in src.by_name:  # Phi-3: fused in the file already
+        qkv = (attn + "qkv_proj.weight",)
     layer.set_matmul_weight("qkv_weight", _matmul(src, qkv, dtype))
     layer.set_matmul_weight("o_weight", _matmul(src, (attn + "o_proj.weight",), dtype))
     if layer.moe is None:
         gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
+        if mlp + "gate_up_proj.weight" in src.by_name:  # Phi-3
+            gate_up = (mlp + "gate_up_proj.weight",)
         layer.set_matmul_weight("gate_up_weight", _matmul(src, gate_up, dtype))
         layer.set_matmul_weight("down_weight", _matmul(src, (mlp + "down_proj.weight",), dtype))
     if c.qkv_bias:

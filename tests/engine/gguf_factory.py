@@ -6,7 +6,9 @@ which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and
 default model; norms are F32. `arch` writes the same decoder as another architecture's GGUF
 (its own key prefix): `qwen3` adds per-head Q/K norms; `gemma3` adds Q/K norms, norms after attention and
 MLP, and a 4-token sliding window; `qwen3moe` adds Q/K norms and
-replaces each MLP by 8 experts (top 2) of width 128, stacked `[E, out, in]`, and an F32 router. Added norms are random F32 around 1, so they matter.
+replaces each MLP by 8 experts (top 2) of width 128, stacked `[E, out, in]`, and an F32 router;
+`phi3` fuses Q/K/V and gate/up, rotates half of each head, and carries LongRoPE factor tensors
+(original context 4, so every prompt of more than 4 tokens uses the long set). Added norms are random F32 around 1, so they matter.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def write_random_llama_gguf(
             value = [*value, _GEMMA_MASK_TOKEN[key]]
         if arch == "gemma3" and key == "llama.vocab_size":
             value += 1
+        if arch == "phi3" and key == "llama.rope.dimension_count":
+            value = 32  # partial rotary: half of the 64-dim heads
         sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
         if key.startswith("llama."):
             key = arch + key.removeprefix("llama")
@@ -72,6 +76,9 @@ def write_random_llama_gguf(
     experts = {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 128}
     for key, value in experts.items() if arch == "qwen3moe" else ():
         writer.add_key_value(f"qwen3moe.{key}", value, GGUFValueType.UINT32)
+    if arch == "phi3":
+        writer.add_key_value("phi3.rope.scaling.original_context_length", 4, GGUFValueType.UINT32)
+        writer.add_key_value("phi3.rope.scaling.attn_factor", 1.3, GGUFValueType.FLOAT32)
     vocab = (
         int(reader.fields["llama.vocab_size"].contents())
         if "llama.vocab_size" in (reader.fields)
@@ -83,11 +90,17 @@ def write_random_llama_gguf(
     writer.add_tensor("token_embd.weight", random_blocks(QT.Q8_0, vocab, hidden, rng, 0.5),
                       raw_dtype=QT.Q8_0)  # fmt: skip
     writer.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    if arch == "phi3":
+        writer.add_tensor("rope_factors_long.weight", np.linspace(1, 8, 16, dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.linspace(1, 2, 16, dtype=np.float32))
     shapes = {
         "attn_q": (q_rows, hidden), "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden),
         "attn_output": (hidden, q_rows), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
         "ffn_down": (hidden, inter),
     }  # fmt: skip
+    if arch == "phi3":
+        shapes = {"attn_qkv": (q_rows + 2 * kv_rows, hidden), "attn_output": (hidden, q_rows),
+                  "ffn_up": (2 * inter, hidden), "ffn_down": (hidden, inter)}  # fmt: skip
     for i in range(SHAPE_KEYS["llama.block_count"]):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))

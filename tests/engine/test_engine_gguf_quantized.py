@@ -230,7 +230,7 @@ def test_a_long_prompt_prefilled_in_chunks_runs_quantized(quantized):
     eng.check_integrity()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe", "gemma3", "phi3"])
 def test_other_architectures_load_from_gguf_on_both_paths(arch, tmp_path):
     # Each architecture's GGUF layout (keys, extra norms, Q/K row order, Gemma's stored `1 + w`
     # norms): the converted folder matches transformers' own class on it, and the quantized
