@@ -22,9 +22,13 @@ q's dtype):
 - `_extend_kernel`, grid (query block, head, sequence), one launch for all extending sequences:
   online softmax over KV blocks, row `i` of a sequence seeing slots `j <= kv_len - q_len + i`.
 
-Invariants: every sequence has `1 <= q_len <= kv_len`, so each row sees at least slot 0 of its
-list and no softmax row is empty (no NaN); only a decode split past a shorter sequence's end is
-empty, and its partial (max -inf, sum 0) weighs nothing in the combine. Positions past a
+Sliding windows (`windows`, per layer): a row at position `p` sees slots `p - window + 1 .. p`
+only; both kernels start their key loop at the window's first slot and mask the rest.
+
+Invariants: every sequence has `1 <= q_len <= kv_len`, so each row sees at least its own slot
+and no softmax row is empty (no NaN); only a decode split past a shorter sequence's end (or
+before a window's start) is empty, and its partial (max -inf, sum 0) weighs nothing in the
+combine, where the split holding the last slot is never empty. Positions past a
 sequence's end load slot 0 (`PAD_SLOT`, always valid, finite memory) and get zero weight. The pool
 dtype equals q's dtype; slot ids fit in int32. `forward` does no host work beyond launching and
 never synchronises with the device.
@@ -42,6 +46,7 @@ from corral.engine.execution.attention import checked_kv_lens
 from corral.engine.kvcache.kv_pool import KVPool
 
 _LOG2E = 1.4426950408889634
+_NO_WINDOW = 2**30
 _SPLIT_ALIGN = 64  # decode splits cover whole multiples of this many slots (of every BLOCK_N)
 
 
@@ -51,8 +56,11 @@ def _attend_block(q, acc, m_i, l_i, k, v, visible, qk_scale, PRECISION: tl.const
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row that has seen no visible key yet (a block before its window) keeps m = -inf; shift
+    # by 0 then, so its weights stay 0 instead of exp2(-inf + inf) = NaN.
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - shift)
+    p = tl.exp2(s - shift[:, None])
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i * alpha + tl.sum(p, 1)
 
@@ -62,7 +70,7 @@ def _decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
     kv_slots_ptr, rows_ptr, kv_start_ptr, kv_len_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
-    qk_scale, split_len, num_splits,
+    qk_scale, split_len, num_splits, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -71,8 +79,9 @@ def _decode_kernel(
     split = tl.program_id(2)
     row = tl.load(rows_ptr + seq).to(tl.int64)
     kv_start = tl.load(kv_start_ptr + seq)
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, tl.load(kv_len_ptr + seq))
+    kv_len = tl.load(kv_len_ptr + seq)
+    lo = tl.maximum(split * split_len, kv_len - window)  # the window's first slot
+    hi = tl.minimum(split * split_len + split_len, kv_len)
     g = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + g
     live_h = g < GROUP
@@ -114,7 +123,7 @@ def _combine_kernel(
     total = tl.load(part_sum_ptr + part, mask=live, other=0.0)
     d = tl.arange(0, HEAD_DIM)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0)
-    w = tl.exp2(m - tl.max(m, 0))  # split 0 is never empty, so the max is finite
+    w = tl.exp2(m - tl.max(m, 0))  # the last slot's split is never empty: the max is finite
     o = tl.sum(acc * w[:, None], 0) / tl.sum(total * w, 0)
     row = tl.load(rows_ptr + seq).to(tl.int64)
     tl.store(out_ptr + row * stride_ot + head * HEAD_DIM + d, o.to(out_ptr.dtype.element_ty))
@@ -123,7 +132,7 @@ def _combine_kernel(
 @triton.jit
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, kv_slots_ptr, q_start_ptr, q_len_ptr, kv_start_ptr, kv_len_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, qk_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, qk_scale, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -150,13 +159,15 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     end = tl.minimum(kv_len, prefix + (block + 1) * BLOCK_M)  # the block's last row sees this far
-    for base in tl.range(0, end, BLOCK_N):
+    start = tl.maximum(prefix + block * BLOCK_M - window + 1, 0)  # the block's first row's window
+    for base in tl.range(start, end, BLOCK_N):
         n = base + tl.arange(0, BLOCK_N)
         live_n = n < end
         slots = tl.load(kv_slots_ptr + kv_start + n, mask=live_n, other=0).to(tl.int64)
         k = tl.load(k_ptr + slots[:, None] * stride_kt + kv_head * stride_kh + d[None, :])
         v = tl.load(v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + d[None, :])
-        visible = (n[None, :] <= prefix + i[:, None]) & live_n[None, :]
+        pos = prefix + i[:, None]
+        visible = (n[None, :] <= pos) & (n[None, :] > pos - window) & live_n[None, :]
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k, v, visible, qk_scale, PRECISION)
     out = out_ptr + rows[:, None] * stride_ot + head * HEAD_DIM + d[None, :]
     tl.store(out, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=live_m[:, None])
@@ -228,10 +239,13 @@ class TritonAttention:
         num_kv_heads: int,
         head_dim: int,
         scale: float,
+        windows: tuple[int | None, ...] = (),
         *,
         split_chunk: int = 512,
         max_splits: int = 16,
     ) -> None:
+        if any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"sliding windows must be positive, got {windows}")
         if head_dim < 16 or head_dim & (head_dim - 1):
             raise ValueError(
                 f"TritonAttention needs a power-of-two head_dim >= 16, got {head_dim}; "
@@ -249,6 +263,8 @@ class TritonAttention:
         self.group = num_heads // num_kv_heads
         self.scale = scale
         self.split_chunk = split_chunk
+        # Per layer; "no window" is one longer than any context (slot ids fit in int32).
+        self.windows = tuple(_NO_WINDOW if w is None else int(w) for w in windows)
         self.max_splits = max_splits
         self._tiles = {dt: _Tiles.fit(head_dim, dt) for dt in _Tiles.DTYPES}
 
@@ -336,25 +352,26 @@ class TritonAttention:
         strides += (v_buf.stride(0), v_buf.stride(1), out.stride(0))
         tensors = (q, k_buf, v_buf, out)
         qk_scale = self.scale * _LOG2E
+        window = self.windows[layer] if self.windows else _NO_WINDOW
         if meta.decode is not None:
-            self._decode(tensors, strides, qk_scale, tiles, meta.kv_slots, meta.decode)
+            self._decode(tensors, strides, qk_scale, window, tiles, meta.kv_slots, meta.decode)
         if meta.extend is not None:
             ext = meta.extend
             grid = (triton.cdiv(ext.max_q_len, tiles.block_m), self.num_heads, ext.table.shape[1])
             _extend_kernel[grid](
-                *tensors, meta.kv_slots, *ext.table, *strides, qk_scale,
+                *tensors, meta.kv_slots, *ext.table, *strides, qk_scale, window,
                 GROUP=self.group, HEAD_DIM=self.head_dim, BLOCK_M=tiles.block_m,
                 BLOCK_N=tiles.block_n, PRECISION=tiles.precision, num_warps=4, num_stages=2,
             )  # fmt: skip
         return out
 
-    def _decode(self, tensors, strides, qk_scale, tiles, kv_slots, dec: DecodeRows) -> None:
+    def _decode(self, tensors, strides, qk_scale, window, tiles, kv_slots, dec: DecodeRows):
         batch, out = dec.table.shape[1], tensors[3]
         parts = dec.partials if dec.partials is not None else (out, out, out)  # unused if DIRECT
         grid = (batch, self.num_kv_heads, dec.num_splits)
         _decode_kernel[grid](
             *tensors, *parts, kv_slots, *dec.table, *strides, qk_scale, dec.split_len,
-            dec.num_splits, GROUP=self.group, HEAD_DIM=self.head_dim,
+            dec.num_splits, window, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=max(16, triton.next_power_of_2(self.group)), BLOCK_N=tiles.block_n,
             DIRECT=dec.partials is None, PRECISION=tiles.precision, num_warps=4, num_stages=2,
         )  # fmt: skip

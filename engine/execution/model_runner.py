@@ -35,10 +35,12 @@ def default_attention(c: ModelConfig, device: torch.device) -> AttentionBackend:
         from corral.engine.execution.attention_triton import TritonAttention
 
         try:
-            return TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+            return TritonAttention(
+                c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, c.layer_windows
+            )
         except ValueError as e:
             log.warning("attention falls back to torch SDPA over gathered K/V: %s", e)
-    return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+    return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, c.layer_windows)
 
 
 class ModelRunner:
@@ -75,6 +77,10 @@ class ModelRunner:
             self.device.type == "cuda" and isinstance(self.attention, TritonAttention)
         ):
             log.warning("no CUDA graphs: they need CUDA and the Triton attention backend")
+            return None
+        if capture and self.config.moe is not None:
+            # The experts' grouping reads each expert's token count on the host every step.
+            log.warning("no CUDA graphs: a mixture-of-experts step syncs with the host")
             return None
         self.decode_graphs = DecodeGraphs(self, pool, max_batch, max_len, capture)
         return self.decode_graphs

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from corral.base.paths import cache_root
-from corral.engine.execution.model_config import ModelConfig
+from corral.engine.execution.model_config import ModelConfig, UnsupportedModelError
 from corral.engine.execution.model_runner import ModelRunner
 from corral.engine.loading.gguf_loader import convert_gguf_to_hf
 from corral.engine.loading.weights import load_weights_from_folder
@@ -180,6 +180,11 @@ def load_model(
         folder = resolve_model_folder(path, cache_dir, dtype)
         config = ModelConfig.from_folder(folder)
         model = load_weights_from_folder(folder, config, dtype, device)
+        if quantize in ("int4", "int8") and config.moe is not None:
+            raise UnsupportedModelError(
+                f"--quantize {quantize} does not cover mixture-of-experts weights; use "
+                "--quantize none"
+            )
         if quantize in ("int4", "int8"):
             from corral.engine.kernels.quant import quantize_model
 

@@ -7,8 +7,8 @@ gate/up are packed from the concatenated block rows (llama.cpp's Q/K row interle
 rows first). A tied embedding is packed as the LM head. The embedding table itself is not loaded:
 `GGUFRows` reads the rows a step needs from the file, and the LM head's best 64 logits per row
 are recomputed from them in float32 (`RefinedHead`). Anything else (norms, biases, a Q6_K or F16
-matmul weight, one whose row count the kernel cannot tile) is dequantized to the model's dtype,
-with one log line naming what stayed dense.
+matmul weight, one whose row count the kernel cannot tile, a mixture-of-experts layer's experts)
+is dequantized to the model's dtype, with one log line naming what stayed dense.
 
 Memory: tensors are read from the file with plain reads into a buffer of their own, one at a
 time, never through the memory map, so the process holds the packed model (about the file's size)
@@ -38,7 +38,14 @@ from corral.engine.kernels.quant import (
     int4_from_gguf,
     int4_linear,
 )
-from corral.engine.loading.gguf_loader import dequantize_array, hf_name, unpermute_qk
+from corral.engine.loading.gguf_loader import (
+    GGUF_NORM_OFFSET,
+    PERMUTED_QK_ARCHS,
+    ROPE_FACTOR_TENSORS,
+    dequantize_array,
+    hf_name,
+    unpermute_qk,
+)
 from corral.engine.loading.weights import WeightLoadError
 
 log = logging.getLogger(__name__)
@@ -148,8 +155,12 @@ class _GGUFTensors:
 
     def __init__(self, path: Path, config: ModelConfig) -> None:
         self.path = path
-        self.by_name = {hf_name(n): t for n, t in gguf_index(path).items()}
-        self.permuted = config.model_type == "llama"
+        self.by_name = {
+            hf_name(n, config.model_type): t
+            for n, t in gguf_index(path).items()
+            if n not in ROPE_FACTOR_TENSORS
+        }  # read into the config; fmt: skip
+        self.permuted = config.model_type in PERMUTED_QK_ARCHS
         self.heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
         self.used: set[str] = set()
         self.dense: Counter[str] = Counter()
@@ -292,8 +303,15 @@ def load_gguf_quantized(path: str | Path, config: ModelConfig, dtype: torch.dtyp
     return model
 
 
+def _norm(src: _GGUFTensors, name: str, c: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """A norm weight as the model holds it (`norm_offset` folded in, as the GGUF has it)."""
+    if c.norm_offset != GGUF_NORM_OFFSET.get(c.model_type, 0.0):
+        raise WeightLoadError(f"{c.model_type}: GGUF norms without the model's norm offset")
+    return src.dequantized(name, dtype)
+
+
 def _fill(model: DecoderModel, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype) -> None:
-    model.norm.copy_(src.dequantized("model.norm.weight", dtype))
+    model.norm.copy_(_norm(src, "model.norm.weight", c, dtype))
     embed = src.rows("model.embed_tokens.weight")
     model.set_embedding(embed)
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
@@ -309,14 +327,37 @@ def _fill_layer(
     layer: DecoderLayer, prefix: str, src: _GGUFTensors, c: ModelConfig, dtype: torch.dtype
 ) -> None:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
-    layer.input_norm.copy_(src.dequantized(prefix + "input_layernorm.weight", dtype))
-    layer.post_norm.copy_(src.dequantized(prefix + "post_attention_layernorm.weight", dtype))
+    if layer.moe is not None:  # the experts stay dense (dequantized to `dtype`)
+        moe, experts = layer.moe, mlp + "experts."
+        moe.router.copy_(src.dequantized(mlp + "gate.weight", dtype))
+        gate, up = (
+            src.dequantized(f"{experts}{p}.weight", dtype) for p in ("gate_proj", "up_proj")
+        )
+        moe.gate_up.copy_(torch.cat((gate, up), dim=1))
+        moe.down.copy_(src.dequantized(experts + "down_proj.weight", dtype))
+        src.dense.update(src.qtype(f"{experts}{p}.weight").name + " (experts)"
+                         for p in ("gate_proj", "up_proj", "down_proj"))  # fmt: skip
+    norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
+    if c.sandwich_norms:  # Gemma 3 (as in `weights._fill_layer`)
+        norms.update(attn_out_norm="post_attention_layernorm",
+                     post_norm="pre_feedforward_layernorm",
+                     mlp_out_norm="post_feedforward_layernorm")  # fmt: skip
+    if c.qk_norm:  # Qwen3, Gemma 3
+        norms.update(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm")
+    for param, name in norms.items():
+        # A Gemma GGUF's norms already carry the model's `(1 + w)` offset.
+        getattr(layer, param).copy_(_norm(src, f"{prefix}{name}.weight", c, dtype))
     qkv = tuple(f"{attn}{p}.weight" for p in ("q_proj", "k_proj", "v_proj"))
+    if attn + "qkv_proj.weight" in src.by_name:  # Phi-3: fused in the file already
+        qkv = (attn + "qkv_proj.weight",)
     layer.set_matmul_weight("qkv_weight", _matmul(src, qkv, dtype))
     layer.set_matmul_weight("o_weight", _matmul(src, (attn + "o_proj.weight",), dtype))
-    gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
-    layer.set_matmul_weight("gate_up_weight", _matmul(src, gate_up, dtype))
-    layer.set_matmul_weight("down_weight", _matmul(src, (mlp + "down_proj.weight",), dtype))
+    if layer.moe is None:
+        gate_up = (mlp + "gate_proj.weight", mlp + "up_proj.weight")
+        if mlp + "gate_up_proj.weight" in src.by_name:  # Phi-3
+            gate_up = (mlp + "gate_up_proj.weight",)
+        layer.set_matmul_weight("gate_up_weight", _matmul(src, gate_up, dtype))
+        layer.set_matmul_weight("down_weight", _matmul(src, (mlp + "down_proj.weight",), dtype))
     if c.qkv_bias:
         bias = torch.cat([src.dequantized(n.replace(".weight", ".bias"), dtype) for n in qkv])
         layer.qkv_bias.copy_(bias)
@@ -338,7 +379,7 @@ def _matmul(
 
 
 def _count_quantized(model: DecoderModel) -> int:
-    weights = [getattr(layer, n) for layer in model.layers for n in DecoderLayer.MATMUL_WEIGHTS]
+    weights = [getattr(layer, n) for layer in model.layers for n in layer.matmul_names]
     return sum(not isinstance(w, torch.Tensor) for w in [*weights, model.lm_head])
 
 

@@ -65,12 +65,14 @@ def batches(draw):
         max_splits=draw(st.sampled_from([3, 16])),
         seqs=draw(st.permutations(draw(decodes) + draw(extends)).filter(len)),
         layer=draw(st.integers(0, 1)),
+        window=draw(st.one_of(st.none(), st.integers(1, 24), st.integers(50, 90))),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
 
-def reference(q, pool, layer, seq_kv, q_lens, group, scale):
-    """Explicit fp32 softmax over each sequence's gathered K/V with a causal mask."""
+def reference(q, pool, layer, seq_kv, q_lens, group, scale, window=None):
+    """Explicit fp32 softmax over each sequence's gathered K/V with a causal mask (and a sliding
+    window: position `p` sees `p - window + 1 .. p`)."""
     k_buf, v_buf = pool.k_buffers[layer].float(), pool.v_buffers[layer].float()
     outs, start = [], 0
     for kv, n in zip(seq_kv, q_lens, strict=True):
@@ -78,7 +80,10 @@ def reference(q, pool, layer, seq_kv, q_lens, group, scale):
         values = v_buf[kv].repeat_interleave(group, dim=1)
         qs = q[start : start + n].float()  # [n, H, D]
         scores = torch.einsum("nhd,lhd->hnl", qs, keys) * scale
-        visible = torch.arange(len(kv))[None, :] < (len(kv) - n + torch.arange(n) + 1)[:, None]
+        pos = (len(kv) - n + torch.arange(n))[:, None]
+        visible = torch.arange(len(kv))[None, :] <= pos
+        if window is not None:
+            visible &= torch.arange(len(kv))[None, :] > pos - window
         scores = scores.masked_fill(~visible, float("-inf"))
         outs.append(torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values).flatten(1))
         start += n
@@ -105,16 +110,18 @@ def run_case(case) -> None:
     v = torch.randn(t, hkv, d, generator=gen).to(dtype)
     scale, layer, dev = d**-0.5, case["layer"], torch.device("cpu")
 
+    windows = (case["window"], None) if case["layer"] == 0 else (None, case["window"])
     triton_attn = TritonAttention(
-        heads, hkv, d, scale, split_chunk=case["split_chunk"], max_splits=case["max_splits"]
-    )
+        heads, hkv, d, scale, windows,
+        split_chunk=case["split_chunk"], max_splits=case["max_splits"],
+    )  # fmt: skip
     torch_pool = KVPool(2, hkv, d, num_slots, dtype)
     for mine, theirs in zip(pool.k_buffers + pool.v_buffers, torch_pool.k_buffers + torch_pool.v_buffers, strict=True):  # fmt: skip
         theirs.copy_(mine)
     got = triton_attn.forward(
         q, k, v, layer, pool, triton_attn.prepare(out_slots, seq_kv, q_lens, dev, dtype)
     )
-    torch_attn = TorchAttention(heads, hkv, d, scale)
+    torch_attn = TorchAttention(heads, hkv, d, scale, windows)
     expected = torch_attn.forward(
         q, k, v, layer, torch_pool, torch_attn.prepare(out_slots, seq_kv, q_lens, dev, dtype)
     )
@@ -124,7 +131,7 @@ def run_case(case) -> None:
     assert torch.equal(pool.k_buffers[layer], torch_pool.k_buffers[layer])
     assert got.shape == (t, heads * d) and got.dtype == dtype
     tol = TOLERANCE[dtype]
-    ref = reference(q, pool, layer, seq_kv, q_lens, case["group"], scale)
+    ref = reference(q, pool, layer, seq_kv, q_lens, case["group"], scale, case["window"])
     torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
     torch.testing.assert_close(got.float(), expected.float(), atol=2 * tol, rtol=2 * tol)
 
@@ -143,7 +150,16 @@ def check_fixed_cases() -> None:
         run_case(
             dict(
                 group=4, num_kv_heads=2, head_dim=64, dtype=dtype, split_chunk=8,
-                max_splits=max_splits, seqs=seqs, layer=1, seed=7,
+                max_splits=max_splits, seqs=seqs, layer=1, seed=7, window=None,
+            )
+        )  # fmt: skip
+    # The same with a sliding window shorter than every split and query block (Gemma 3's
+    # local layers): splits before the window are empty, query blocks start mid-context.
+    for window in (5, 40):
+        run_case(
+            dict(
+                group=4, num_kv_heads=2, head_dim=64, dtype=torch.float32, split_chunk=8,
+                max_splits=16, seqs=seqs, layer=0, seed=8, window=window,
             )
         )  # fmt: skip
 
@@ -159,16 +175,24 @@ def check_empty_batch() -> None:
 def check_model_forward() -> None:
     """The whole decoder with TritonAttention, through the model runner, matches the same model
     with TorchAttention: a prefill of two sequences, then a draft-sized extend of one beside a
-    decode of the other, over their cached prefixes."""
+    decode of the other, over their cached prefixes; for a Llama and for a Gemma 3 shaped decoder
+    whose first layer has a 6-token sliding window."""
+    from corral.engine.execution.model_config import ModelConfig, RopeConfig
+
+    shape = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                 num_kv_heads=2, head_dim=16, max_position_embeddings=512)  # fmt: skip
+    gemma = dict(hidden_act="gelu_pytorch_tanh", qk_norm=True, sandwich_norms=True,
+                 embed_scale=8.0, layer_windows=(6, None), layer_rope=("local", "global"),
+                 local_rope=RopeConfig(theta=100.0))  # fmt: skip
+    _model_forward(ModelConfig(model_type="llama", **shape))
+    _model_forward(ModelConfig(model_type="gemma3_text", **shape, **gemma))
+
+
+def _model_forward(c) -> None:
     from corral.engine.execution.batch import ForwardBatch
     from corral.engine.execution.model import DecoderModel
-    from corral.engine.execution.model_config import ModelConfig
     from corral.engine.execution.model_runner import ModelRunner
 
-    c = ModelConfig(
-        model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=512,
-    )  # fmt: skip
     torch.manual_seed(0)
     model = DecoderModel(c, torch.float32, "cpu")
     for p in model.parameters():
@@ -176,8 +200,15 @@ def check_model_forward() -> None:
     runners = [
         ModelRunner(model, attention, pack_weights=False)
         for attention in (
-            TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale),
-            TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, split_chunk=8),
+            TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, c.layer_windows),
+            TritonAttention(
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                c.attn_scale,
+                c.layer_windows,
+                split_chunk=8,
+            ),
         )
     ]
     logits = []

@@ -36,7 +36,12 @@ from corral.engine import SamplingParams
 from corral.engine.execution.batch import ForwardBatch
 from corral.engine.kernels.cpu_int4 import int4_kernel
 from corral.engine.kernels.quant import Int4Weight, Int8Weight
-from corral.engine.loading.assets import default_gguf_path, load_model, resolve_quantize
+from corral.engine.loading.assets import (
+    default_gguf_path,
+    load_model,
+    resolve_model_folder,
+    resolve_quantize,
+)
 from corral.engine.loading.gguf_weights import GGUFRows, RefinedHead, gguf_index
 
 # the default model, per row: about 2.5x what was measured (see above)
@@ -223,3 +228,30 @@ def test_a_long_prompt_prefilled_in_chunks_runs_quantized(quantized):
     (choice,) = eng.generate([prompt], SamplingParams(max_tokens=4, temperature=0))[0]
     assert len(choice.token_ids) == 4 and choice.error is None
     eng.check_integrity()
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe", "gemma3", "phi3"])
+def test_other_architectures_load_from_gguf_on_both_paths(arch, tmp_path):
+    # Each architecture's GGUF layout (keys, extra norms, Q/K row order, Gemma's stored `1 + w`
+    # norms): the converted folder matches transformers' own class on it, and the quantized
+    # path matches the converted folder.
+    import transformers
+
+    path = write_random_llama_gguf(
+        default_gguf_path(), tmp_path / f"tiny-{arch}.gguf", QT.Q8_0, arch=arch
+    )
+    ref = load_model(str(path), cache_dir=tmp_path, quantize="none")
+    ours = load_model(str(path), cache_dir=tmp_path, quantize="gguf")
+    model_type = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}.get(arch, arch)
+    assert ref.runner.config.model_type == model_type
+    text = "Hello there, friend. " * 3  # longer than Gemma's 4-token window
+    prompts = [ref.tokenizer(t)["input_ids"] for t in (text, "1, 2, 3, 4")]
+    want = all_row_logits(ref, prompts)
+    folder = resolve_model_folder(str(path), tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = torch.cat([hf(torch.tensor([p])).logits[0] for p in prompts])
+    assert (want - theirs).abs().max().item() <= 1e-3
+    got = all_row_logits(ours, prompts)
+    assert kl_rows(want, got).max().item() <= TINY_KL_MAX
+    assert_top1_agrees_outside_ties(want, got)
