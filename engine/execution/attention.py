@@ -15,6 +15,13 @@ else is in the batch; the padded slot list and its additive mask are built once 
 `prepare`. Only sequences that extend by several tokens (prefill chunks, drafts) attend one by one.
 K/V are gathered with `index_select` on a flat index, several times faster than advanced indexing.
 
+Sliding windows (Gemma 3's local layers): a layer with window `W` lets the token at position `i`
+attend to positions `i - W + 1 .. i` only. `prepare` builds, for each distinct window that cuts
+something off in this batch, the windowed version of each mask (decode group: additive, padding
+included; spans: boolean, also for fresh spans, which then go through the gathered path); a layer
+picks its window's masks in `forward`. Where no sequence of the batch is longer than a window, that
+window changes nothing and the layer runs exactly as a global one.
+
 For bfloat16 on the CPU (the quantized path) the decode group skips all of that: one C kernel
 (`cpu_kernels`) reads each sequence's K/V straight from the pool and, on a decode-only step, stores
 the step's new K/V itself. SDPA on a few query rows is slow on the CPU, the gather is a copy.
@@ -22,7 +29,7 @@ the step's new K/V itself. SDPA on a few query rows is slow on the CPU, the gath
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -45,6 +52,7 @@ class SeqSpan:
     kv_indices: torch.Tensor  # int64 [kv_len] on the model device
     mask: torch.Tensor | None  # bool [group * q_len, kv_len]; None when no masking is needed
     fresh: bool = False  # no cached prefix: attend over the new K/V directly, plain causal
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # by sliding window
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ class DecodeGroup:
     row_ids: torch.Tensor  # int64 [B]: `rows` as indices (the C kernel's form)
     lens: torch.Tensor  # int64 [B]: each row's own KV length
     kernels: CpuKernels | None = None  # attend with the C kernel (bfloat16 on the CPU)
+    # By sliding window: additive [B, 1, 1, length] masks hiding padding and what lies before
+    # the window (such layers attend through SDPA, not the C kernel).
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,12 +129,22 @@ class TorchAttention:
     the result is `[T, num_heads * head_dim]` in the same row order.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        windows: tuple[int | None, ...] = (),
+    ) -> None:
+        """`windows`: each layer's sliding window (None: global); empty: every layer global."""
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.group = num_heads // num_kv_heads
         self.scale = scale
+        self.windows = tuple(windows)
+        self._window_set = sorted({w for w in self.windows if w is not None})
 
     def prepare(
         self,
@@ -154,15 +175,20 @@ class TorchAttention:
         self, kv: torch.Tensor, start: int, q_len: int, kv_len: int, device: torch.device
     ) -> SeqSpan:
         mask, fresh = None, q_len == kv_len
+        rows = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
+        cols = torch.arange(kv_len, device=device)[None, :]
         if not fresh:
-            rows = torch.arange(kv_len - q_len, kv_len, device=device)
-            causal = torch.arange(kv_len, device=device)[None, :] <= rows[:, None]
-            mask = causal.repeat(self.group, 1)
+            mask = (cols <= rows).repeat(self.group, 1)
+        windowed = {
+            w: ((cols <= rows) & (cols > rows - w)).repeat(self.group, 1)
+            for w in self._window_set
+            if w < kv_len
+        }
         kv = kv.to(device=device, dtype=torch.int64, non_blocking=True)
-        return SeqSpan(start, q_len, kv, mask, fresh)
+        return SeqSpan(start, q_len, kv, mask, fresh, windowed)
 
-    @staticmethod
     def _decode_group(
+        self,
         rows: list[int],
         kvs: list[torch.Tensor],
         device: torch.device,
@@ -174,12 +200,21 @@ class TorchAttention:
         padded = torch.nn.utils.rnn.pad_sequence(
             [ix.to(torch.int64) for ix in kvs], batch_first=True, padding_value=PAD_SLOT
         )
-        mask = None
-        if min(lens) != length and kernels is None:  # the kernel reads each row's own length
-            valid = torch.arange(length)[None, :] < torch.tensor(lens)[:, None]
+        cols, lens_col = torch.arange(length)[None, :], torch.tensor(lens)[:, None]
+
+        def additive(valid: torch.Tensor) -> torch.Tensor:
             mask = torch.zeros(b, 1, 1, length, dtype=dtype)
             mask.masked_fill_(~valid.view(b, 1, 1, length), float("-inf"))
-            mask = mask.to(device, non_blocking=True)
+            return mask.to(device, non_blocking=True)
+
+        mask = None
+        if min(lens) != length and kernels is None:  # the kernel reads each row's own length
+            mask = additive(cols < lens_col)
+        windowed = {
+            w: additive((cols < lens_col) & (cols >= lens_col - w))
+            for w in self._window_set
+            if w < length
+        }
         contiguous = rows[-1] - rows[0] == b - 1
         row_index = (
             slice(rows[0], rows[0] + b)
@@ -188,7 +223,7 @@ class TorchAttention:
         )
         flat = padded.view(-1).to(device, non_blocking=True)
         row_ids, lens_t = torch.tensor(rows, dtype=torch.int64), torch.tensor(lens)
-        return DecodeGroup(row_index, flat, b, length, mask, row_ids, lens_t, kernels)
+        return DecodeGroup(row_index, flat, b, length, mask, row_ids, lens_t, kernels, windowed)
 
     def forward(
         self,
@@ -200,22 +235,26 @@ class TorchAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         k_buf, v_buf = pool.k_buffers[layer], pool.v_buffers[layer]
+        window = self.windows[layer] if self.windows else None
         group = meta.decode
         if group is not None and not meta.spans:  # decode-only step: rows are all of `q`
-            return self._decode(q, k, v, k_buf, v_buf, group, meta.out_slots)
+            return self._decode(q, k, v, k_buf, v_buf, group, meta.out_slots, window)
         k_buf.index_copy_(0, meta.out_slots, k)
         v_buf.index_copy_(0, meta.out_slots, v)
         out = torch.empty(
             q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device
         )
         if group is not None:
-            out[group.rows] = self._decode(q, k, v, k_buf, v_buf, group, None)
+            out[group.rows] = self._decode(q, k, v, k_buf, v_buf, group, None, window)
         for span in meta.spans:
             rows = slice(span.q_start, span.q_start + span.q_len)
-            if span.fresh:
+            mask = span.window_masks.get(window) if window is not None else None
+            if mask is not None:
+                out[rows] = self._one_sequence(q[rows], k_buf, v_buf, span, mask)
+            elif span.fresh:
                 out[rows] = self._causal(q[rows], k[rows], v[rows])
             else:
-                out[rows] = self._one_sequence(q[rows], k_buf, v_buf, span)
+                out[rows] = self._one_sequence(q[rows], k_buf, v_buf, span, span.mask)
         return out
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -233,14 +272,19 @@ class TorchAttention:
         return o.transpose(0, 1).reshape(n, self.num_heads * self.head_dim)
 
     def _one_sequence(
-        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, span: SeqSpan
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        span: SeqSpan,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         n, hkv, g, d = span.q_len, self.num_kv_heads, self.group, self.head_dim
         # [n, H, D] -> [Hkv, g * n, D]: rows of one KV head ordered (query head in group, token).
         qg = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
         keys = k_buf.index_select(0, span.kv_indices).transpose(0, 1)  # [Hkv, L, D]
         values = v_buf.index_select(0, span.kv_indices).transpose(0, 1)
-        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=span.mask, scale=self.scale)
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
         return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, hkv * g * d)
 
     def _decode(
@@ -252,10 +296,12 @@ class TorchAttention:
         v_buf: torch.Tensor,
         group: DecodeGroup,
         out_slots: torch.Tensor | None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """The group's rows of `q` (all `T` rows of the step) attend; `out_slots`: the new K/V
-        are not stored yet, store them there first."""
-        if group.kernels is not None:
+        are not stored yet, store them there first. `window`: the layer's sliding window."""
+        window_mask = group.window_masks.get(window) if window is not None else None
+        if group.kernels is not None and window_mask is None:
             return group.kernels.decode_attention(
                 q, k, v, k_buf, v_buf, group, self.scale, out_slots
             )
@@ -267,5 +313,6 @@ class TorchAttention:
         shape = (b, group.length, hkv, d)
         keys = k_buf.index_select(0, group.kv).view(shape).transpose(1, 2)  # [B, Hkv, L, D]
         values = v_buf.index_select(0, group.kv).view(shape).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=group.mask, scale=self.scale)
+        mask = group.mask if window_mask is None else window_mask
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
         return o.reshape(b, hkv * g * d)

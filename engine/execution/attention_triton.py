@@ -228,10 +228,16 @@ class TritonAttention:
         num_kv_heads: int,
         head_dim: int,
         scale: float,
+        windows: tuple[int | None, ...] = (),
         *,
         split_chunk: int = 512,
         max_splits: int = 16,
     ) -> None:
+        if any(w is not None for w in windows):
+            raise ValueError(
+                "TritonAttention has no sliding-window masking yet; use TorchAttention for this "
+                "model"
+            )
         if head_dim < 16 or head_dim & (head_dim - 1):
             raise ValueError(
                 f"TritonAttention needs a power-of-two head_dim >= 16, got {head_dim}; "

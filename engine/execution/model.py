@@ -24,6 +24,7 @@ from torch import nn
 
 from corral.engine.execution.attention import AttentionBackend, AttentionMetadata
 from corral.engine.execution.model_config import ModelConfig, RopeConfig
+from corral.engine.execution.moe import MoEBlock
 from corral.engine.kernels.cpu_kernels import CpuKernels, kernels_for
 from corral.engine.kernels.fused_decode import SWITCH_ENV as FUSED_SWITCH_ENV
 from corral.engine.kernels.fused_decode import FusedDecode
@@ -68,14 +69,40 @@ def rms_norm(
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies `[head_dim // 2]` (float32), with linear or llama3 scaling applied."""
+    """Inverse frequencies `[head_dim // 2]` (float32), with the rope type's scaling applied
+    (`head_dim`: the rotated dims, less than the head's for partial rotary)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":
         return _llama3_scaled(inv_freq, rope)
+    if rope.rope_type == "yarn":
+        return _yarn_scaled(inv_freq, rope, head_dim)
+    if rope.rope_type == "longrope":
+        factors = torch.tensor(rope.ext_factors, dtype=torch.float32)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"longrope needs {inv_freq.numel()} factors, got {factors.numel()}")
+        return 1.0 / (factors * rope.theta**exponents)
     return inv_freq
+
+
+def _yarn_scaled(inv_freq: torch.Tensor, rope: RopeConfig, dim: int) -> torch.Tensor:
+    # YaRN: high frequencies (many rotations over the original context) are kept, low ones
+    # divided by `factor`, with a linear ramp between the two correction dims.
+    def correction_dim(rotations: float) -> float:
+        old_len = rope.original_max_position_embeddings
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv_freq / rope.factor * (1 - keep) + inv_freq * keep
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
@@ -95,15 +122,18 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and *signed* sin tables `[T, 1, head_dim]` for the given positions (float32 math).
+    """cos and *signed* sin tables `[T, 1, rotary_dim]` for the given positions (float32 math),
+    multiplied by `scale` (YaRN's and LongRoPE's attention factor).
 
     The sin table's first half is negated, which folds rotate-half's negation into the table
     (see `apply_rope`).
     """
     freqs = positions.float()[:, None] * inv_freq[None, :]
     cos, sin = freqs.cos(), freqs.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
     return (
         torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
         torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],
@@ -120,7 +150,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Weights are set by the loader."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). Weights are set by the loader.
+
+    The architectures' differences are hooks here, each absent (None) where a model lacks it:
+    `q_norm`/`k_norm` (per-head RMSNorm before RoPE), `attn_out_norm`/`mlp_out_norm` (Gemma's
+    norms on the two branches' outputs), no rope (`cos is None`), partial rotary, GeGLU, and a
+    mixture of experts (`moe`) in place of the MLP. A layer with none of them runs `_plain`.
+    """
 
     MATMUL_WEIGHTS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
 
@@ -142,6 +178,9 @@ class DecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.hidden_size, self.intermediate_size = c.hidden_size, c.intermediate_size
         self.eps = c.rms_norm_eps
+        self.plain = c.plain
+        self.rotary_dim = c.rotary_dim
+        self.gelu = c.hidden_act == "gelu_pytorch_tanh"
 
         def p(*shape: int, present: bool = True) -> nn.Parameter | None:
             if not present:
@@ -149,17 +188,28 @@ class DecoderLayer(nn.Module):
             return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
         d = dense_matmuls
+        sparse = c.moe is not None and c.moe.sparse_layers[index]
         self.input_norm = p(c.hidden_size)
         self.qkv_weight = p(self.q_size + 2 * self.kv_size, c.hidden_size, present=d)
         self.qkv_bias = p(self.q_size + 2 * self.kv_size, present=c.qkv_bias)
+        self.q_norm = p(c.head_dim, present=c.qk_norm)
+        self.k_norm = p(c.head_dim, present=c.qk_norm)
         self.o_weight = p(c.hidden_size, self.q_size, present=d)
         self.o_bias = p(c.hidden_size, present=c.o_bias)
+        self.attn_out_norm = p(c.hidden_size, present=c.sandwich_norms)
         self.post_norm = p(c.hidden_size)
-        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size, present=d)
+        self.gate_up_weight = p(2 * c.intermediate_size, c.hidden_size, present=d and not sparse)
         self.gate_up_bias = p(2 * c.intermediate_size, present=c.mlp_bias)
-        self.down_weight = p(c.hidden_size, c.intermediate_size, present=d)
+        self.down_weight = p(c.hidden_size, c.intermediate_size, present=d and not sparse)
         self.down_bias = p(c.hidden_size, present=c.mlp_bias)
+        self.mlp_out_norm = p(c.hidden_size, present=c.sandwich_norms)
+        self.moe = MoEBlock(c.hidden_size, c.moe, dtype, device) if sparse else None
         self.linear: Linear = linear_fn(dtype, device)
+
+    @property
+    def matmul_names(self) -> tuple[str, ...]:
+        """The layer's own matmul weights (a MoE layer's MLP weights live in `moe`)."""
+        return self.MATMUL_WEIGHTS[:2] if self.moe is not None else self.MATMUL_WEIGHTS
 
     def matmul_shape(self, name: str) -> tuple[int, int]:
         """`[out_features, in_features]` of one of `MATMUL_WEIGHTS`."""
@@ -179,7 +229,7 @@ class DecoderLayer(nn.Module):
         """Replace the dense matmul weights by oneDNN-packed copies, dropping the dense ones
         (quantized ones stay as they are)."""
         quantized = False
-        for name in self.MATMUL_WEIGHTS:
+        for name in self.matmul_names:
             w = getattr(self, name)
             if not isinstance(w, torch.Tensor):
                 quantized = True
@@ -192,14 +242,57 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         attn: AttentionBackend,
         pool: KVPool,
         meta: AttentionMetadata,
         kernels: CpuKernels | None = None,
     ) -> torch.Tensor:
-        """`kernels`: run the small ops as C kernels (bfloat16 CPU activations only)."""
+        """`cos`/`sin`: this layer's rope tables, None for a layer without rope. `kernels`: run
+        the small ops as C kernels (bfloat16 CPU activations, plain layers only)."""
+        if self.plain:
+            return self._plain(x, cos, sin, attn, pool, meta, kernels)
+        t, qk_size, linear, eps = x.shape[0], self.q_size + self.kv_size, self.linear, self.eps
+        qkv = linear(rms_norm(x, self.input_norm, eps), self.qkv_weight, self.qkv_bias)
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : qk_size].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, eps), rms_norm(k, self.k_norm, eps)
+        if cos is not None:
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        y = linear(attn.forward(q, k, v, self.index, pool, meta), self.o_weight, self.o_bias)
+        if self.attn_out_norm is not None:
+            y = rms_norm(y, self.attn_out_norm, eps)
+        x = x + y
+        h = rms_norm(x, self.post_norm, eps)
+        y = self.moe(h, linear) if self.moe is not None else self._mlp(h)
+        if self.mlp_out_norm is not None:
+            y = rms_norm(y, self.mlp_out_norm, eps)
+        return x + y
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot = self.rotary_dim
+        if rot == self.head_dim:
+            return apply_rope(x, cos, sin)
+        return torch.cat((apply_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+
+    def _mlp(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.linear(h, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.linear(act.mul_(up), self.down_weight, self.down_bias)
+
+    def _plain(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBackend,
+        pool: KVPool,
+        meta: AttentionMetadata,
+        kernels: CpuKernels | None,
+    ) -> torch.Tensor:
         t, qk_size, linear, eps = x.shape[0], self.q_size + self.kv_size, self.linear, self.eps
         qkv = linear(rms_norm(x, self.input_norm, eps, kernels), self.qkv_weight, self.qkv_bias)
         # Q and K are adjacent columns: rotate them as one [T, heads + kv_heads, head_dim] view.
@@ -254,7 +347,9 @@ class DecoderModel(nn.Module):
             DecoderLayer(c, i, dtype, device, dense_matmuls) for i in range(c.num_layers)
         )
         self.norm = nn.Parameter(torch.empty(c.hidden_size, dtype=dtype, device=device), False)
-        self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.head_dim).to(device), False)
+        self.register_buffer("inv_freq", rope_inv_freq(c.rope, c.rotary_dim).to(device), False)
+        local = rope_inv_freq(c.local_rope, c.rotary_dim) if c.local_rope else torch.empty(0)
+        self.register_buffer("local_inv_freq", local.to(device), False)
         self.linear: Linear = linear_fn(dtype, device)
         self.packed_head: torch.Tensor | None = None  # set by `pack_weights`
         self._fused: tuple[CpuKernels, FusedDecode | None] | None = None  # `_fused_decode`
@@ -304,7 +399,7 @@ class DecoderModel(nn.Module):
         group = meta.decode
         if kernels is None or group is None or group.kernels is None or meta.spans:
             return None
-        if os.environ.get(FUSED_SWITCH_ENV) == "0":
+        if not self.config.plain or os.environ.get(FUSED_SWITCH_ENV) == "0":
             return None
         if self._fused is None or self._fused[0] is not kernels:
             self._fused = (kernels, FusedDecode.for_model(self, kernels, attn.scale))
@@ -325,16 +420,35 @@ class DecoderModel(nn.Module):
             if isinstance(self.embed, torch.Tensor)
             else self.embed.lookup(input_ids, self.dtype)
         )
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        c = self.config
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        ropes = self._rope_tables(positions, x.dtype)
         kernels = kernels_for(x.dtype, x.device)
         fused = self._fused_decode(kernels, attn, meta)
         if fused is not None:
-            x = fused.run(x, cos, sin, pool, meta)
+            x = fused.run(x, *ropes["global"], pool, meta)
         else:
-            for layer in self.layers:
-                x = layer(x, cos, sin, attn, pool, meta, kernels)
+            if not c.plain:
+                kernels = None  # the C kernels cover the plain layer only
+            for i, layer in enumerate(self.layers):
+                x = layer(x, *ropes[c.rope_kind(i)], attn, pool, meta, kernels)
         # The final norm and the LM head (the biggest matmul for small models) only on the rows
         # whose logits are wanted.
-        h = rms_norm(x[logits_index], self.norm, self.config.rms_norm_eps, kernels)
+        h = rms_norm(x[logits_index], self.norm, c.rms_norm_eps, kernels)
         head = self.lm_head if self.packed_head is None else self.packed_head
-        return self.linear(h, head, None).float()
+        logits = self.linear(h, head, None).float()
+        if c.final_logit_softcap:
+            cap = c.final_logit_softcap
+            logits = torch.tanh(logits / cap).mul_(cap)
+        return logits
+
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> dict:
+        """cos/sin tables by rope kind ("global", "local", "none": no tables)."""
+        c = self.config
+        tables: dict = {"none": (None, None)}
+        tables["global"] = rope_cos_sin(positions, self.inv_freq, dtype, c.rope.attention_factor)
+        if c.local_rope is not None:
+            scale = c.local_rope.attention_factor
+            tables["local"] = rope_cos_sin(positions, self.local_inv_freq, dtype, scale)
+        return tables

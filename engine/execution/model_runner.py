@@ -35,10 +35,12 @@ def default_attention(c: ModelConfig, device: torch.device) -> AttentionBackend:
         from corral.engine.execution.attention_triton import TritonAttention
 
         try:
-            return TritonAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+            return TritonAttention(
+                c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, c.layer_windows
+            )
         except ValueError as e:
             log.warning("attention falls back to torch SDPA over gathered K/V: %s", e)
-    return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale)
+    return TorchAttention(c.num_heads, c.num_kv_heads, c.head_dim, c.attn_scale, c.layer_windows)
 
 
 class ModelRunner:

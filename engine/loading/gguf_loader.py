@@ -8,7 +8,8 @@ other checkpoint. Memory holds one dequantized tensor at a time, never the model
 
 llama.cpp stores Llama's Q and K projection rows interleaved for its rotary kernel (pairs
 `(i, i + d/2)` of each head become neighbours); `unpermute_qk` restores Hugging Face's half-split
-layout. Qwen2 GGUFs are not permuted.
+layout. Qwen2 and Qwen3 GGUFs are not permuted. Qwen3 adds per-head Q/K norms
+(`blk.N.attn_q_norm.weight`, `attn_k_norm`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from gguf.quants import dequantize
 
 from corral.engine.execution.model_config import UnsupportedModelError
 
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
+SUPPORTED_GGUF_ARCHS = ("llama", "qwen2", "qwen3")
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -38,6 +44,8 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
@@ -82,7 +90,7 @@ def hf_config_from_gguf(reader: GGUFReader) -> dict[str, Any]:
     elif scaling != "none":
         raise UnsupportedModelError(f"GGUF rope scaling {scaling!r} is not supported")
     return {
-        "architectures": ["Qwen2ForCausalLM" if arch == "qwen2" else "LlamaForCausalLM"],
+        "architectures": [_HF_ARCHITECTURES[arch]],
         "model_type": arch,
         "vocab_size": int(vocab),
         "hidden_size": hidden,

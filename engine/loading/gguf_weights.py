@@ -321,6 +321,9 @@ def _fill_layer(
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     layer.input_norm.copy_(src.dequantized(prefix + "input_layernorm.weight", dtype))
     layer.post_norm.copy_(src.dequantized(prefix + "post_attention_layernorm.weight", dtype))
+    if c.qk_norm:  # Qwen3
+        layer.q_norm.copy_(src.dequantized(attn + "q_norm.weight", dtype))
+        layer.k_norm.copy_(src.dequantized(attn + "k_norm.weight", dtype))
     qkv = tuple(f"{attn}{p}.weight" for p in ("q_proj", "k_proj", "v_proj"))
     layer.set_matmul_weight("qkv_weight", _matmul(src, qkv, dtype))
     layer.set_matmul_weight("o_weight", _matmul(src, (attn + "o_proj.weight",), dtype))

@@ -2,7 +2,8 @@
 
 Hugging Face names (`model.layers.3.self_attn.q_proj.weight`, ...) are mapped onto the fused
 parameters of `DecoderModel`: Q, K and V are concatenated into one `qkv_weight`, gate and up into
-one `gate_up_weight`. Every parameter of the model must be filled exactly once; a missing or
+one `gate_up_weight` (Phi-3 checkpoints store them fused already). Gemma's `(1 + w)` norms get
+their offset added here; a mixture-of-experts layer reads its router and experts (`_fill_experts`). Every parameter of the model must be filled exactly once; a missing or
 misshapen tensor is an error that names it.
 """
 
@@ -19,6 +20,7 @@ from safetensors import safe_open
 
 from corral.engine.execution.model import DecoderLayer, DecoderModel
 from corral.engine.execution.model_config import ModelConfig
+from corral.engine.execution.moe import MoEBlock
 
 
 class WeightLoadError(ValueError):
@@ -71,7 +73,7 @@ def build_model(
     take = _Taker(sources)
     with torch.no_grad():
         _copy(model.embed, take("model.embed_tokens.weight"))
-        _copy(model.norm, take("model.norm.weight"))
+        _copy(model.norm, take("model.norm.weight").float() + config.norm_offset)
         if not config.tie_word_embeddings:
             _copy(model.lm_head, take("lm_head.weight"))
         for i, layer in enumerate(model.layers):
@@ -90,24 +92,60 @@ def build_model(
     return model
 
 
-def _fill_layer(
-    layer: DecoderLayer, prefix: str, take: Callable[[str], torch.Tensor], c: ModelConfig
-) -> None:
+def _fill_layer(layer: DecoderLayer, prefix: str, take: _Taker, c: ModelConfig) -> None:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv, gate_up = ("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")
-    _copy(layer.input_norm, take(prefix + "input_layernorm.weight"))
-    _copy(layer.post_norm, take(prefix + "post_attention_layernorm.weight"))
-    _copy_parts(layer.qkv_weight, take, attn, qkv, "weight")
+
+    def norm(param: torch.nn.Parameter, name: str) -> None:
+        # Gemma's norms scale by (1 + w): the offset is folded into the weight, in float32.
+        _copy(param, take(prefix + name).float() + c.norm_offset)
+
+    norm(layer.input_norm, "input_layernorm.weight")
+    if c.sandwich_norms:  # Gemma 3: post_attention_layernorm normalises the attention output
+        norm(layer.attn_out_norm, "post_attention_layernorm.weight")
+        norm(layer.post_norm, "pre_feedforward_layernorm.weight")
+        norm(layer.mlp_out_norm, "post_feedforward_layernorm.weight")
+    else:
+        norm(layer.post_norm, "post_attention_layernorm.weight")
+    if c.qk_norm:
+        norm(layer.q_norm, "self_attn.q_norm.weight")
+        norm(layer.k_norm, "self_attn.k_norm.weight")
+    if take.has(attn + "qkv_proj.weight"):  # Phi-3: already the engine's fused layout
+        _copy(layer.qkv_weight, take(attn + "qkv_proj.weight"))
+    else:
+        _copy_parts(layer.qkv_weight, take, attn, qkv, "weight")
     if c.qkv_bias:
         _copy_parts(layer.qkv_bias, take, attn, qkv, "bias")
     _copy(layer.o_weight, take(attn + "o_proj.weight"))
     if c.o_bias:
         _copy(layer.o_bias, take(attn + "o_proj.bias"))
-    _copy_parts(layer.gate_up_weight, take, mlp, gate_up, "weight")
+    if layer.moe is not None:
+        _fill_experts(layer.moe, mlp, take)
+        return
+    if take.has(mlp + "gate_up_proj.weight"):  # Phi-3: gate rows, then up rows
+        _copy(layer.gate_up_weight, take(mlp + "gate_up_proj.weight"))
+    else:
+        _copy_parts(layer.gate_up_weight, take, mlp, gate_up, "weight")
     _copy(layer.down_weight, take(mlp + "down_proj.weight"))
     if c.mlp_bias:
         _copy_parts(layer.gate_up_bias, take, mlp, gate_up, "bias")
         _copy(layer.down_bias, take(mlp + "down_proj.bias"))
+
+
+def _fill_experts(moe: MoEBlock, mlp: str, take: _Taker) -> None:
+    """A MoE block from either checkpoint layout: stacked (`experts.gate_up_proj`
+    `[E, 2I, H]`, `experts.down_proj` `[E, H, I]`, as transformers >= 5 saves it) or one tensor
+    per expert (`experts.{e}.gate_proj.weight`, ..., as the released checkpoints are)."""
+    _copy(moe.router, take(mlp + "gate.weight"))
+    experts = mlp + "experts."
+    if take.has(experts + "gate_up_proj"):
+        _copy(moe.gate_up, take(experts + "gate_up_proj"))
+        _copy(moe.down, take(experts + "down_proj"))
+        return
+    for e in range(moe.num_experts):
+        one = f"{experts}{e}."
+        _copy_parts(moe.gate_up[e], take, one, ("gate_proj", "up_proj"), "weight")
+        _copy(moe.down[e], take(one + "down_proj.weight"))
 
 
 def _copy_parts(
@@ -139,6 +177,9 @@ class _Taker:
     def __init__(self, sources: Mapping[str, Callable[[], torch.Tensor]]) -> None:
         self.sources = sources
         self.used: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.sources
 
     def __call__(self, name: str) -> torch.Tensor:
         if name not in self.sources:

@@ -2,10 +2,11 @@
 
 The metadata (tokenizer, chat template, rope, norms) is copied from the embedded SmolLM2 GGUF, the
 shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (the
-k-quants, which gguf cannot quantize, get random valid blocks), or to a type per tensor (`q4_k_m`: Q4_K
-with Q6_K for attn_v, the first layer's ffn_down and an untied output.weight, as llama.cpp's
-Q4_K_M recipe mixes them). The embedding is Q8_0 and tied unless an output type is given; norms
-are F32.
+k-quants, which gguf cannot quantize, get random valid blocks), or to a type per tensor
+(`q4_k_m`: Q4_K with Q6_K for attn_v, the first layer's ffn_down and an untied output.weight,
+as llama.cpp's Q4_K_M recipe mixes them). The embedding is Q8_0 and tied unless an output type
+is given; norms are F32. `arch="qwen3"` writes the same decoder as a Qwen3 GGUF: `qwen3.*`
+shape keys, and per-head Q/K norms (random F32, so they matter).
 """
 
 from __future__ import annotations
@@ -57,23 +58,29 @@ def q4_k_m(layer: int, name: str) -> QT:
 
 
 def write_random_llama_gguf(
-    source: Path, out: Path, qtype: QT | Callable[[int, str], QT], seed: int = 0
+    source: Path,
+    out: Path,
+    qtype: QT | Callable[[int, str], QT],
+    seed: int = 0,
+    arch: str = "llama",
 ) -> Path:
-    """A 2-layer random Llama GGUF with `source`'s tokenizer and `qtype` matmul weights (one
-    type, or a function of (layer, tensor name) such as `q4_k_m`; its type for ("output", -1)
-    makes the head untied)."""
+    """A 2-layer random Llama (or `arch`) GGUF with `source`'s tokenizer and `qtype` matmul
+    weights (one type, or a function of (layer, tensor name) such as `q4_k_m`; its type for
+    ("output", -1) makes the head untied)."""
     type_of = qtype if callable(qtype) else (lambda _layer, _name: qtype)
     head_type = type_of(-1, "output") if callable(qtype) else None
     reader = GGUFReader(source)
-    writer = GGUFWriter(str(out), "llama")
+    writer = GGUFWriter(str(out), arch)
     for key, f in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue  # written by the writer itself
         value = SHAPE_KEYS.get(key, f.contents())
         sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
+        if key.startswith("llama."):
+            key = arch + key.removeprefix("llama")
         writer.add_key_value(key, value, f.types[0], sub)
     if "llama.attention.key_length" not in reader.fields:
-        writer.add_key_value("llama.attention.key_length", 64, GGUFValueType.UINT32)
+        writer.add_key_value(f"{arch}.attention.key_length", 64, GGUFValueType.UINT32)
     vocab = (
         int(reader.fields["llama.vocab_size"].contents())
         if "llama.vocab_size" in (reader.fields)
@@ -96,6 +103,10 @@ def write_random_llama_gguf(
     for i in range(SHAPE_KEYS["llama.block_count"]):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        if arch == "qwen3":
+            for name in ("attn_q_norm", "attn_k_norm"):
+                norm = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
+                writer.add_tensor(f"blk.{i}.{name}.weight", norm)
         for name, (rows, cols) in shapes.items():
             t = type_of(i, name)
             blocks = random_blocks(t, rows, cols, rng, cols**-0.5)

@@ -223,3 +223,18 @@ def test_a_long_prompt_prefilled_in_chunks_runs_quantized(quantized):
     (choice,) = eng.generate([prompt], SamplingParams(max_tokens=4, temperature=0))[0]
     assert len(choice.token_ids) == 4 and choice.error is None
     eng.check_integrity()
+
+
+def test_a_qwen3_gguf_loads_on_both_paths(tmp_path):
+    # Qwen3's GGUF: `qwen3.*` keys, per-head Q/K norms, Q/K rows not interleaved.
+    path = write_random_llama_gguf(
+        default_gguf_path(), tmp_path / "tiny-qwen3.gguf", QT.Q8_0, arch="qwen3"
+    )
+    ref = load_model(str(path), cache_dir=tmp_path, quantize="none")
+    ours = load_model(str(path), cache_dir=tmp_path, quantize="gguf")
+    assert ref.runner.config.model_type == "qwen3" and ref.runner.config.qk_norm
+    assert not torch.equal(ours.runner.model.layers[0].q_norm, torch.ones(64, dtype=torch.bfloat16))
+    prompts = [ref.tokenizer(t)["input_ids"] for t in ("Hello there, friend.", "1, 2, 3, 4")]
+    want, got = all_row_logits(ref, prompts), all_row_logits(ours, prompts)
+    assert kl_rows(want, got).max().item() <= TINY_KL_MAX
+    assert_top1_agrees_outside_ties(want, got)

@@ -56,6 +56,10 @@ CASES = {
         transformers.MistralConfig(**COMMON, sliding_window=None, head_dim=16),
     ),
     "qwen2-qkv-bias": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**COMMON)),
+    "qwen3-qk-norm": (
+        transformers.Qwen3ForCausalLM,
+        transformers.Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=False),
+    ),
 }
 CASES["llama-unpacked"] = CASES["llama"]
 
@@ -177,7 +181,9 @@ def test_config_rejects_what_it_cannot_run():
     with pytest.raises(UnsupportedModelError, match="model_type"):
         ModelConfig.from_hf_dict({**cfg, "model_type": "gpt2"})
     with pytest.raises(UnsupportedModelError, match="rope type"):
-        ModelConfig.from_hf_dict({**cfg, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+        ModelConfig.from_hf_dict(
+            {**cfg, "rope_parameters": {"rope_type": "dynamic", "factor": 4.0}}
+        )
     with pytest.raises(UnsupportedModelError, match="multiple"):
         ModelConfig.from_hf_dict({**cfg, "num_key_value_heads": 3})
 
