@@ -13,6 +13,10 @@ same way: random bytes, block constants set for weights of ~1/sqrt(K)).
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -20,7 +24,6 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from bench.provenance import header
-from bench.quant_matmul import median_us
 from corral.engine.kernels.cpu_kquant import kquant_kernel
 from corral.engine.kernels.matmul import pack_weight, packed_linear
 from corral.engine.kernels.quant import kquant_from_gguf, kquant_linear
@@ -44,6 +47,23 @@ def random_kquant_blocks(qtype: QT, n: int, k: int, rng: np.random.Generator) ->
         consts = rng.uniform(0.2, 1.0, size=(n, k // 256, 2)) * std / 63
         b[..., 0:4] = consts.astype(np.float16).view(np.uint8)
     return b.reshape(n, -1)
+
+
+def paired_us(a: Callable, b: Callable, budget_s: float) -> tuple[float, float]:
+    """Median microseconds of `a` and of `b`, over 7 rounds that run each in turn (a shared,
+    loaded machine slows both alike within a round)."""
+    a(), b()
+    start = time.perf_counter()
+    a()
+    n = max(1, int(budget_s / 14 / max(time.perf_counter() - start, 1e-7)))
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(7):
+        for fn, out in zip((a, b), times, strict=True):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - start) / n * 1e6)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main() -> None:
@@ -71,8 +91,11 @@ def main() -> None:
                     dense_bytes = n * k * 2
                     for rows in (int(m) for m in args.rows.split(",")):
                         x = torch.randn(rows, k).bfloat16()
-                        bf = median_us(lambda: packed_linear(x, dense, None), args.budget_s)
-                        kq = median_us(lambda: kquant_linear(x, w, None), args.budget_s)  # noqa: B023
+                        bf, kq = paired_us(
+                            partial(packed_linear, x, dense, None),
+                            partial(kquant_linear, x, w, None),
+                            args.budget_s,
+                        )
                         print(
                             f"{threads:>3} {qtype.name:<5} {name:<12} {f'{n}x{k}':>11} "
                             f"{rows:>4} {bf:>9.0f} {kq:>9.0f} {bf / kq:>7.2f} "

@@ -8,9 +8,11 @@ scales for the `cpu_kquant` kernel (`KQuantWeight`) where that kernel runs. Fuse
 gate/up are packed from the concatenated block rows (llama.cpp's Q/K row interleave undone on the
 rows first). A tied embedding is packed as the LM head. The embedding table itself is not loaded:
 `GGUFRows` reads the rows a step needs from the file, and the LM head's best 64 logits per row
-are recomputed from them in float32 (`RefinedHead`). Anything else (norms, biases, an F16 matmul
-weight, parts of mixed types, one whose row count the kernel cannot tile) is dequantized to the
-model's dtype, with one log line naming what stayed dense.
+are recomputed from them in float32 (`RefinedHead`). A fused weight whose parts have different
+types (a Q4_K_M file's Q/K in Q4_K and V in Q6_K) keeps each run of one type packed in its own
+kernel (`RowStack`). Anything else (norms, biases, an F16 matmul weight, one whose row count a
+kernel cannot tile) is dequantized to the model's dtype, with one log line naming what stayed
+dense.
 
 Memory: tensors are read from the file with plain reads into a buffer of their own, one at a
 time, never through the memory map, so the process holds the packed model (about the file's size)
