@@ -2,7 +2,7 @@
 what the loader did before: the same tensor dequantized to bfloat16 on oneDNN-packed weights.
 
 Per GGUF type, weight shape (the tensors a Q4_K_M file stores in Q6_K: a 1B Qwen3-like model's
-ffn_down and attn_v, and a 7-8B model's ffn_down) and row count: the median microseconds of
+ffn_down, attn_v and output head over the default tokenizer, and a 7-8B model's ffn_down) and row count: the median microseconds of
 each, their ratio (bf16 / kquant: above 1 is faster kept quantized), and the bytes each holds.
 Random valid blocks (`tests`' factory is not importable from bench, so they are made here the
 same way: random bytes, block constants set for weights of ~1/sqrt(K)).
@@ -31,6 +31,7 @@ from corral.engine.kernels.quant import kquant_from_gguf, kquant_linear
 SHAPES = {  # name: (out_features N, in_features K)
     "1B ffn_down": (2048, 6144),
     "1B attn_v": (1024, 2048),
+    "1B output": (49152, 2048),
     "8B ffn_down": (4096, 14336),
 }
 
