@@ -14,7 +14,9 @@
  * int8 parts (x ~ sx * (xq + xr / 254), about 15 bits), as in int4.c. Per group and row:
  *     sum_k x[k] * W[n, k] = d sc sx (254 (xq . u) + (xr . u) - off (254 sum xq + sum xr)) / 254
  *                          - dm mn sum_k x[k]
- * with the integer part exact in int32 and sum_k x[k] exact in float32.
+ * with the integer part exact in int32 and sum_k x[k] exact in float32. A block's 16 columns of
+ * weights are loaded once into registers and used for every activation row, so the weights
+ * stream from memory once per call whatever the row count.
  *
  * Built only where the compiler targets AVX512-VNNI (`-march=native`); `corral_kquant_available`
  * says whether it was, and the caller keeps the weights dense otherwise.
@@ -31,7 +33,6 @@ typedef uint16_t bf16;
 #define GROUP 16
 #define SUPER 256
 #define BLOCK_N 64
-#define ROWS 2 /* activation rows per pass over a block's weights */
 
 static inline float bf16_to_f32(bf16 h) {
     uint32_t u = (uint32_t)h << 16;
@@ -89,62 +90,65 @@ typedef struct {
     int64_t n, k;
 } weights;
 
-/* Rows [0, nr) of `a` times the 64 output rows starting at n0. */
-static void block(acts a, int64_t nr, weights w, int64_t n0, bf16 *out, int64_t out_stride) {
+/* Every row of `a` (m of them) times the 64 output rows starting at n0. A group's 16 columns of
+ * the block's weights (1 KiB) are loaded once into registers and used for every row, so the
+ * weights stream from memory once whatever m is; the rows' float32 sums live in `acc` (m * 64). */
+static void block(acts a, int64_t m, weights w, int64_t n0, float *acc, bf16 *out,
+                  int64_t out_stride) {
     const int64_t k = w.k, n = w.n, groups = k / GROUP;
     const uint8_t *ub = w.u + n0 * k; /* this block's 64 rows: 64 * k bytes */
-    __m512 acc[ROWS][4];
-    for (int r = 0; r < ROWS; r++)
-        for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
+    memset(acc, 0, sizeof(float) * m * BLOCK_N);
     for (int64_t g = 0; g < groups; g++) {
-        __m512i dot[ROWS][4], rdot[ROWS][4];
-        for (int r = 0; r < ROWS; r++)
-            for (int t = 0; t < 4; t++) dot[r][t] = rdot[r][t] = _mm512_setzero_si512();
         const uint8_t *ug = ub + g * GROUP * BLOCK_N;
-        for (int s = 0; s < GROUP / 4; s++) {
-            __m512i t[4];
-            for (int u = 0; u < 4; u++) t[u] = _mm512_loadu_si512(ug + s * 256 + 64 * u);
-            for (int r = 0; r < nr; r++) {
+        __m512i wt[GROUP / 4][4];
+        for (int s = 0; s < GROUP / 4; s++)
+            for (int u = 0; u < 4; u++) wt[s][u] = _mm512_loadu_si512(ug + s * 256 + 64 * u);
+        const int64_t sb = g / (SUPER / GROUP);
+        float scale[BLOCK_N], mins[BLOCK_N];
+        for (int u = 0; u < 4; u++) {
+            const int64_t rows = n0 + 16 * u;
+            __m128i sc8 = _mm_loadu_si128((const __m128i *)(w.sc + g * n + rows));
+            _mm512_storeu_ps(scale + 16 * u,
+                             _mm512_mul_ps(_mm512_loadu_ps(w.d + sb * n + rows),
+                                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8))));
+            if (w.mn) {
+                __m128i m8 = _mm_loadu_si128((const __m128i *)(w.mn + g * n + rows));
+                _mm512_storeu_ps(mins + 16 * u,
+                                 _mm512_mul_ps(_mm512_loadu_ps(w.dm + sb * n + rows),
+                                               _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m8))));
+            }
+        }
+        for (int64_t r = 0; r < m; r++) {
+            __m512i dot[4], rdot[4];
+            for (int u = 0; u < 4; u++) dot[u] = rdot[u] = _mm512_setzero_si512();
+            for (int s = 0; s < GROUP / 4; s++) {
                 int32_t four, rest;
                 memcpy(&four, a.xq + r * k + g * GROUP + 4 * s, 4);
                 memcpy(&rest, a.xr + r * k + g * GROUP + 4 * s, 4);
                 __m512i xb = _mm512_set1_epi32(four), rb = _mm512_set1_epi32(rest);
                 for (int u = 0; u < 4; u++) {
-                    dot[r][u] = _mm512_dpbusd_epi32(dot[r][u], t[u], xb);
-                    rdot[r][u] = _mm512_dpbusd_epi32(rdot[r][u], t[u], rb);
+                    dot[u] = _mm512_dpbusd_epi32(dot[u], wt[s][u], xb);
+                    rdot[u] = _mm512_dpbusd_epi32(rdot[u], wt[s][u], rb);
                 }
             }
-        }
-        const int64_t sb = g / (SUPER / GROUP);
-        for (int u = 0; u < 4; u++) {
-            const int64_t rows = n0 + 16 * u;
-            __m128i sc8 = _mm_loadu_si128((const __m128i *)(w.sc + g * n + rows));
-            __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(w.d + sb * n + rows),
-                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
-            __m512 mins = _mm512_setzero_ps();
-            if (w.mn) {
-                __m128i m8 = _mm_loadu_si128((const __m128i *)(w.mn + g * n + rows));
-                mins = _mm512_mul_ps(_mm512_loadu_ps(w.dm + sb * n + rows),
-                                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m8)));
-            }
-            for (int r = 0; r < nr; r++) {
-                const int64_t i = r * groups + g;
-                int32_t centre = w.off * (254 * a.xqs[i] + a.xrs[i]);
-                __m512i both = _mm512_add_epi32(
-                    _mm512_mullo_epi32(dot[r][u], _mm512_set1_epi32(254)), rdot[r][u]);
-                __m512i centred = _mm512_sub_epi32(both, _mm512_set1_epi32(centre));
-                __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(centred),
-                                         _mm512_set1_ps(a.xs[i] / 254.f));
-                acc[r][u] = _mm512_fmadd_ps(v, scale, acc[r][u]);
-                if (w.mn) acc[r][u] = _mm512_fnmadd_ps(_mm512_set1_ps(a.xsum[i]), mins, acc[r][u]);
+            const int64_t i = r * groups + g;
+            const __m512i centre = _mm512_set1_epi32(w.off * (254 * a.xqs[i] + a.xrs[i]));
+            const __m512 xs = _mm512_set1_ps(a.xs[i] / 254.f), xsum = _mm512_set1_ps(a.xsum[i]);
+            float *acc_r = acc + r * BLOCK_N;
+            for (int u = 0; u < 4; u++) {
+                __m512i both =
+                    _mm512_add_epi32(_mm512_mullo_epi32(dot[u], _mm512_set1_epi32(254)), rdot[u]);
+                __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(both, centre)), xs);
+                __m512 sum = _mm512_fmadd_ps(v, _mm512_loadu_ps(scale + 16 * u),
+                                             _mm512_loadu_ps(acc_r + 16 * u));
+                if (w.mn) sum = _mm512_fnmadd_ps(xsum, _mm512_loadu_ps(mins + 16 * u), sum);
+                _mm512_storeu_ps(acc_r + 16 * u, sum);
             }
         }
     }
-    for (int r = 0; r < nr; r++) {
-        float y[BLOCK_N];
-        for (int u = 0; u < 4; u++) _mm512_storeu_ps(y + 16 * u, acc[r][u]);
-        for (int i = 0; i < BLOCK_N; i++) out[r * out_stride + n0 + i] = f32_to_bf16(y[i]);
-    }
+    for (int64_t r = 0; r < m; r++)
+        for (int i = 0; i < BLOCK_N; i++)
+            out[r * out_stride + n0 + i] = f32_to_bf16(acc[r * BLOCK_N + i]);
 }
 
 int corral_kquant_available(void) { return 1; }
@@ -168,16 +172,21 @@ int corral_kquant_matmul(const bf16 *x, int64_t m, int64_t k, const uint8_t *u, 
         quantize_row(x + r * k, k, xq + r * k, xr + r * k, xs + r * groups, xsum + r * groups,
                      xqs + r * groups, xrs + r * groups);
     const weights w = {u, sc, mn, d, dm, off, n, k};
-    const int64_t blocks = n / BLOCK_N, tiles = (m + ROWS - 1) / ROWS;
+    const acts a = {xq, xr, xs, xsum, xqs, xrs};
+    const int64_t blocks = n / BLOCK_N;
     int parallel = threads > 1 && m * n * k > (1 << 20);
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (parallel)
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t tile = 0; tile < tiles; tile++) {
-            int64_t r0 = tile * ROWS, nr = m - r0 < ROWS ? m - r0 : ROWS;
-            int64_t gi = r0 * groups;
-            acts a = {xq + r0 * k, xr + r0 * k, xs + gi, xsum + gi, xqs + gi, xrs + gi};
-            block(a, nr, w, b * BLOCK_N, out + r0 * n, n);
+#pragma omp parallel num_threads(threads) if (parallel)
+    {
+        float *acc = malloc(sizeof(float) * m * BLOCK_N);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++)
+            if (acc) block(a, m, w, b * BLOCK_N, acc, out, n);
+        if (!acc) {
+#pragma omp atomic write
+            status = -2;
         }
+        free(acc);
+    }
 done:
     free(xq), free(xs), free(xqs);
     return status;
