@@ -24,7 +24,12 @@ chunks, plus the EOS when it stopped; the last token's time is that of the chunk
 reason. Without llama-cpp-python (``pip install -e '.[peers]'``, built from source) the bench prints
 Corral's figures alone.
 
-    .venv/bin/python -m bench.cpu_peers [--quick] [--gguf PATH] [--corral-arg=--dtype=bfloat16]
+``--model`` takes any GGUF, or the name of a model the bench writes and caches
+(``qwen3-1b-q4_k_m``: a 1B Qwen3-shaped Q4_K_M-style file of random weights,
+``bench/generated_models.py``); ``--only chat,chat-batch`` measures some figures only.
+
+    .venv/bin/python -m bench.cpu_peers [--quick] [--model PATH|NAME] [--only FIGURES]
+        [--corral-arg=--dtype=bfloat16]
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ from pathlib import Path
 import httpx
 import jsonschema
 
+from bench.generated_models import GENERATED, generated_model
 from bench.peer_servers import Reply, Server, batch, peak_rss_mib, start, stop
 from bench.provenance import free_port, header
 
+FIGURES = ("chat", "json", "chat-batch", "json-batch", "ttft")
 CHATS = (
     "Explain why the sky is blue.",
     "Write a short poem about the sea.",
@@ -203,7 +210,8 @@ def measure_all(servers: list[Server], args: argparse.Namespace) -> tuple[dict, 
         "json-batch": at_once(events, SCHEMA),
         "ttft": first_token,
     }
-    med = {label: interleave(servers, args.rounds, label, f) for label, f in figures.items()}
+    chosen = {label: f for label, f in figures.items() if label in args.only}
+    med = {label: interleave(servers, args.rounds, label, f) for label, f in chosen.items()}
     return med, prompt_tokens, last
 
 
@@ -234,7 +242,7 @@ Row = tuple[str, list[float | None], str, float | None]  # label, values, format
 
 def rows(names: list[str], med: dict, rss: dict, ptoks: dict, c: int) -> list[Row]:
     def per(key: str) -> list[float | None]:
-        return [med[key][n] for n in names]
+        return [med[key][n] if key in med else None for n in names]
 
     ptok = " / ".join(str(statistics.median(ptoks[n])) for n in names if ptoks[n])
     return [
@@ -281,7 +289,15 @@ def commands(args: argparse.Namespace, cport: int, lport: int) -> tuple[list[str
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gguf", help="the model (default: the embedded SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument(
+        "--model", "--gguf", dest="gguf",
+        help="a GGUF file, or a model the bench writes (bench/generated_models.py: "
+        f"{', '.join(GENERATED)}); default: the embedded SmolLM2-135M-Instruct Q4_1",
+    )  # fmt: skip
+    ap.add_argument(
+        "--only", default=",".join(FIGURES), type=lambda v: v.split(","),
+        help=f"the figures to measure, of {','.join(FIGURES)} (default: all)",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=8, help="requests in figures 1 and 2")
@@ -299,6 +315,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         from corral.engine.loading.assets import default_gguf_path
 
         args.gguf = str(default_gguf_path())
+    elif args.gguf in GENERATED:
+        args.gguf = str(generated_model(args.gguf))
+    if unknown := set(args.only) - set(FIGURES):
+        ap.error(f"--only: unknown figures {sorted(unknown)}")
     return args
 
 

@@ -65,6 +65,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("engine/kernels/cpu_int4.py", "library"): (
         "the process's compiled int4 kernel: as cpu_kernels.library"
     ),
+    ("engine/kernels/cpu_kquant.py", "library"): (
+        "the process's compiled Q6_K/Q5_K kernel: as cpu_kernels.library"
+    ),
     ("engine/kernels/matmul.py", "_onednn_works"): (
         "whether this CPU and torch build run oneDNN for a dtype: a fact of the machine, probed "
         "once per (dtype, packed)"

@@ -23,6 +23,11 @@ Speed (see bench/quant_matmul.py): on x86 only the bfloat16 kernel is vectorised
 activations take a scalar loop 10-50x slower than the float32 oneDNN matmul. So the fast path
 feeds bfloat16 activations and bfloat16 scales (the fp16 block constants lose 3 mantissa bits)
 and returns bfloat16, cast back to the caller's dtype; float32 is the exact, slow reference.
+
+Q6_K and Q5_K have no such mapping (Q6_K's scales cover 16 columns; their 6/5-bit values would
+take two or more 4-bit halves each): `KQuantWeight` keeps their values as one unsigned byte each
+with the GGUF's own sub-block scales and mins, for the C kernel `cpu_kquant` (exact weights,
+activations in two int8 parts as in `cpu_int4`).
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from corral.engine.kernels.cpu_int4 import int4_kernel
+from corral.engine.kernels.cpu_kquant import kquant_kernel
 
 GROUP = 32
 """Block size of every supported GGUF type along K (Q4_K's sub-blocks are 32 too)."""
 
 SUPPORTED_TYPES = (QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0)
+KQUANT_TYPES = (QT.Q5_K, QT.Q6_K)  # kept as one byte a value (`KQuantWeight`)
 _ROW_ALIGN = 16  # the kernel tiles N by 16/32/64; a row count off that grid is refused
 _PACK_CHUNK_ROWS = 1024  # pack this many rows at a time: the int32 staging copies stay small
 
@@ -264,7 +271,162 @@ def int8_requantized(w: torch.Tensor, compute_dtype: torch.dtype = torch.bfloat1
     return Int8Weight(q, scale.to(compute_dtype))
 
 
-MatmulWeight: TypeAlias = "torch.Tensor | Int4Weight | Int8Weight"
+@dataclass(frozen=True, eq=False)
+class KQuantWeight:
+    """A GGUF Q6_K or Q5_K `[out_features, in_features]` weight for `kquant_linear`:
+
+        W[n, k] = d[s, n] * sc[g, n] * (u[n, k] - offset) - dm[s, n] * mn[g, n]
+
+    over groups g = k // 16 and super-blocks s = k // 256, every product exact in float32, so W
+    is gguf's dequantization bit for bit. `u` is one unsigned byte a value (Q6_K: q + 32, offset
+    32; Q5_K: q, offset 0), flat in the kernel's layout (per 64 rows and 4 columns, 16-row tiles
+    of 4 bytes a row: `csrc/kquant.c`); `sc` int8 and `mn` uint8 `[K/16, N]` (Q5_K's per-32
+    scales and mins repeated; Q6_K has no mins: None), `d` and `dm` float32 `[K/256, N]`.
+    """
+
+    u: torch.Tensor
+    sc: torch.Tensor
+    d: torch.Tensor
+    mn: torch.Tensor | None
+    dm: torch.Tensor | None
+    offset: int
+    out_features: int
+    in_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.u, self.sc, self.d, self.mn, self.dm)
+        return sum(t.nbytes for t in parts if t is not None)
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return kquant_linear(x, self, b)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense `[N, K]` weight (computed in float32, then cast)."""
+        n, k = self.shape
+        u = self.u.view(n // _KQ_BLOCK_N, k // 4, _KQ_BLOCK_N, 4).permute(0, 2, 1, 3)
+        q = u.reshape(n, k).float() - self.offset
+        scale = self.d.repeat_interleave(_KQ_SUPER // _KQ_GROUP, 0) * self.sc.float()
+        w = q * scale.T.repeat_interleave(_KQ_GROUP, 1)
+        if self.mn is not None:
+            mins = self.dm.repeat_interleave(_KQ_SUPER // _KQ_GROUP, 0) * self.mn.float()
+            w -= mins.T.repeat_interleave(_KQ_GROUP, 1)
+        return w.to(dtype)
+
+
+_KQ_BLOCK_N, _KQ_GROUP, _KQ_SUPER = 64, 16, 256
+
+
+def kquant_linear(x: torch.Tensor, w: KQuantWeight, b: torch.Tensor | None) -> torch.Tensor:
+    """`x @ W.T + b` for a `KQuantWeight`: the C kernel on bfloat16 activations (result cast
+    back to `x.dtype`); where the kernel cannot run, the dequantized weight (slow: the loader
+    keeps such tensors dense there instead)."""
+    kernel = kquant_kernel()
+    if kernel is None:
+        y = x @ w.dequantized(x.dtype).T
+    else:
+        y = kernel.matmul(x.to(torch.bfloat16).contiguous(), w).to(x.dtype)
+    return y if b is None else y.add_(b)
+
+
+def kquant_fits(n: int, k: int) -> bool:
+    """Whether a `[n, k]` weight tiles the kquant kernel's grid."""
+    return n % _KQ_BLOCK_N == 0 and k % _KQ_SUPER == 0 and n > 0
+
+
+def kquant_from_gguf(blocks: np.ndarray, qtype: QT) -> KQuantWeight:
+    """A GGUF Q6_K or Q5_K tensor's raw blocks (`uint8 [out_features, row_bytes]`) as a
+    `KQuantWeight`. Rows are independent: permute or concatenate block rows before, as for
+    `int4_from_gguf`."""
+    if qtype not in KQUANT_TYPES:
+        raise ValueError(f"GGUF type {qtype.name} is not one of {KQUANT_TYPES}")
+    values, nbytes = GGML_QUANT_SIZES[qtype]
+    if blocks.dtype != np.uint8 or blocks.ndim != 2 or blocks.shape[1] % nbytes:
+        raise ValueError(f"expected uint8 [rows, k*{nbytes}] blocks of {qtype.name}")
+    n, k = blocks.shape[0], blocks.shape[1] // nbytes * values
+    if not kquant_fits(n, k):
+        raise ValueError(f"the kquant kernel needs out_features % 64 == 0, got {n}")
+    has_min = qtype == QT.Q5_K
+    u = torch.empty(n * k, dtype=torch.uint8)
+    sc = torch.empty(k // _KQ_GROUP, n, dtype=torch.int8)
+    d = torch.empty(k // _KQ_SUPER, n, dtype=torch.float32)
+    mn = torch.empty_like(sc, dtype=torch.uint8) if has_min else None
+    dm = torch.empty_like(d) if has_min else None
+    unpack = _unpack_q6_k if qtype == QT.Q6_K else _unpack_q5_k
+    for start in range(0, n, _PACK_CHUNK_ROWS):
+        part = unpack(blocks[start : start + _PACK_CHUNK_ROWS])
+        rows = part[0].shape[0]
+        tiles = part[0].reshape(rows // _KQ_BLOCK_N, _KQ_BLOCK_N, k // 4, 4).transpose(0, 2, 1, 3)
+        u[start * k : (start + rows) * k] = torch.from_numpy(np.ascontiguousarray(tiles).ravel())
+        sc[:, start : start + rows] = torch.from_numpy(part[1].T)
+        d[:, start : start + rows] = torch.from_numpy(part[2].T)
+        if has_min:
+            mn[:, start : start + rows] = torch.from_numpy(part[3].T)
+            dm[:, start : start + rows] = torch.from_numpy(part[4].T)
+    offset = 32 if qtype == QT.Q6_K else 0
+    return KQuantWeight(u, sc, d, mn, dm, offset, out_features=n, in_features=k)
+
+
+# Each kquant unpacker: raw blocks [rows, row_bytes] -> (u uint8 [rows, K], sc int8 [rows, K/16],
+# d float32 [rows, K/256], and for Q5_K mn uint8 [rows, K/16], dm float32 [rows, K/256]).
+
+
+def _unpack_q6_k(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    # 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), 16 int8 scales, fp16 d. Value
+    # 128h + 64i + 32j + l takes nibble i of ql[64h + 32j + l] and bits 2(2i + j) of qh[32h + l].
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 210)
+    ql = b[..., :128].reshape(rows, -1, 2, 1, 2, 32)
+    low = (ql >> np.array([0, 4], np.uint8).reshape(2, 1, 1)) & 0x0F
+    qh = b[..., 128:192].reshape(rows, -1, 2, 1, 1, 32)
+    high = (qh >> np.array([[0, 2], [4, 6]], np.uint8).reshape(2, 2, 1)) & 0x03
+    u = (low | (high << 4)).reshape(rows, -1)
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(rows, -1)
+    return u, sc, _f16(b[..., 208:210])
+
+
+def _unpack_q5_k(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    # 176 bytes: fp16 d and dmin, 12 bytes of 6-bit scales/mins (as Q4_K), qh[32], qs[128].
+    # Value 64j + 32i + l takes nibble i of qs[32j + l] and bit 2j + i of qh[l].
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 176)
+    qs = b[..., 48:].reshape(rows, -1, 4, 1, 32)
+    low = (qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F
+    qh = b[..., 16:48].reshape(rows, -1, 1, 1, 32)
+    high = (qh >> np.arange(8, dtype=np.uint8).reshape(4, 2, 1)) & 0x01
+    u = (low | (high << 4)).reshape(rows, -1)
+    sc, mn = _q4_k_scale_min(b[..., 4:16])  # [rows, supers, 8], one per 32 values
+    sc = np.repeat(sc.reshape(rows, -1), 2, axis=1).astype(np.int8)
+    mn = np.repeat(mn.reshape(rows, -1), 2, axis=1).astype(np.uint8)
+    return u, sc, _f16(b[..., 0:2]), mn, _f16(b[..., 2:4])
+
+
+@dataclass(frozen=True, eq=False)
+class RowStack:
+    """A fused matmul weight (Q/K/V, gate/up) whose parts are quantized in different types, as
+    in every Q4_K_M file (Q and K in Q4_K, V in Q6_K): each part runs its own kernel and the
+    outputs are laid side by side, which is what the fused weight's matmul gives."""
+
+    parts: tuple[Int4Weight | KQuantWeight, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def linear(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        y = torch.cat([p.linear(x, None) for p in self.parts], dim=-1)
+        return y if b is None else y.add_(b)
+
+
+MatmulWeight: TypeAlias = "torch.Tensor | Int4Weight | Int8Weight | KQuantWeight | RowStack"
 """What a model's matmul weight may be: dense (plain or oneDNN-packed) or quantized."""
 
 

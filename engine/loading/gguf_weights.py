@@ -2,13 +2,17 @@
 `.gguf` on the CPU).
 
 Every matmul weight whose GGUF type has an exact 4-bit mapping (Q4_0, Q4_1, Q4_K, Q8_0:
-`engine.quant`) is packed for torch's int4 kernel straight from its raw blocks; fused Q/K/V and
+`engine.quant`) is packed for torch's int4 kernel straight from its raw blocks; Q6_K and Q5_K
+(the second type of every Q4_K_M / Q5_K_M file) are kept as one byte a value with their own
+scales for the `cpu_kquant` kernel (`KQuantWeight`) where that kernel runs. Fused Q/K/V and
 gate/up are packed from the concatenated block rows (llama.cpp's Q/K row interleave undone on the
 rows first). A tied embedding is packed as the LM head. The embedding table itself is not loaded:
 `GGUFRows` reads the rows a step needs from the file, and the LM head's best 64 logits per row
-are recomputed from them in float32 (`RefinedHead`). Anything else (norms, biases, a Q6_K or F16
-matmul weight, one whose row count the kernel cannot tile, a mixture-of-experts layer's experts)
-is dequantized to the model's dtype, with one log line naming what stayed dense.
+are recomputed from them in float32 (`RefinedHead`). A fused weight whose parts have different
+types (a Q4_K_M file's Q/K in Q4_K and V in Q6_K) keeps each run of one type packed in its own
+kernel (`RowStack`). Anything else (norms, biases, an F16 matmul weight, one whose row count a
+kernel cannot tile, a mixture-of-experts layer's experts) is dequantized to the model's dtype,
+with one log line naming what stayed dense.
 
 Memory: tensors are read from the file with plain reads into a buffer of their own, one at a
 time, never through the memory map, so the process holds the packed model (about the file's size)
@@ -18,6 +22,7 @@ plus one tensor in flight, not the mapped file besides it.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import struct
@@ -32,11 +37,16 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from corral.engine.execution.model import DecoderLayer, DecoderModel
 from corral.engine.execution.model_config import ModelConfig
+from corral.engine.kernels.cpu_kquant import kquant_kernel
 from corral.engine.kernels.quant import (
+    KQUANT_TYPES,
     SUPPORTED_TYPES,
     Int4Weight,
+    KQuantWeight,
+    RowStack,
     int4_from_gguf,
-    int4_linear,
+    kquant_fits,
+    kquant_from_gguf,
 )
 from corral.engine.loading.gguf_loader import (
     GGUF_NORM_OFFSET,
@@ -240,7 +250,7 @@ def _q8_0_rows(raw: torch.Tensor, hidden: int) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class RefinedHead:
-    """The LM head packed for the int4 kernel, whose best `top` logits per row are recomputed in
+    """The LM head kept quantized (int4 or kquant kernel), whose best `top` logits per row are recomputed in
     float32 from the head's exact rows (read from the file, `GGUFRows`).
 
     The kernel writes its output in bfloat16: logits of ~20 come out in steps of 0.125, so the
@@ -249,7 +259,7 @@ class RefinedHead:
     step) removes them; the tail keeps the kernel's rounding, which moves no decision.
     """
 
-    weight: Int4Weight
+    weight: Int4Weight | KQuantWeight
     rows: GGUFRows
     top: int = 64
 
@@ -267,7 +277,7 @@ def refined_head_linear(x: torch.Tensor, head: RefinedHead, b: torch.Tensor | No
 
     The result is float32 whatever `x`'s dtype: written back into a bfloat16 tensor, the exact
     leaders would be rounded to the kernel's steps again and tie as before."""
-    y = int4_linear(x, head.weight, None).float()
+    y = head.weight.linear(x, None).float()
     if y.shape[0] == 0:  # a prefill chunk that samples no row
         return y if b is None else y.add_(b)
     ids = y.topk(min(head.top, y.shape[1]), dim=-1).indices  # [rows, top]
@@ -316,7 +326,9 @@ def _fill(model: DecoderModel, src: _GGUFTensors, c: ModelConfig, dtype: torch.d
     model.set_embedding(embed)
     head = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
     weight = _matmul(src, (head,), dtype)
-    if isinstance(weight, Int4Weight):  # a tied head's exact rows are the embedding's
+    if isinstance(
+        weight, (Int4Weight, KQuantWeight)
+    ):  # a tied head's exact rows are the embedding's
         weight = RefinedHead(weight, embed if c.tie_word_embeddings else src.rows(head))
     model.set_lm_head(weight)
     for i, layer in enumerate(model.layers):
@@ -365,17 +377,36 @@ def _fill_layer(
 
 def _matmul(
     src: _GGUFTensors, names: tuple[str, ...], dtype: torch.dtype
-) -> Int4Weight | torch.Tensor:
+) -> Int4Weight | KQuantWeight | RowStack | torch.Tensor:
     """One (fused) matmul weight: packed from the block rows when every part has the same
-    supported type and the rows tile, else dequantized."""
-    types = {src.qtype(n) for n in names}
-    qtype = types.pop() if len(types) == 1 else None
-    if qtype in SUPPORTED_TYPES:
-        rows = [src.raw(n) for n in names]
-        if sum(r.shape[0] for r in rows) % _ROW_ALIGN == 0:
-            return int4_from_gguf(np.concatenate(rows) if len(rows) > 1 else rows[0], qtype)
+    supported type and the rows tile; parts of different types (a Q4_K_M file's Q/K and V) each
+    packed in its own type (`RowStack`, runs of one type packed together); else dequantized."""
+    runs = [list(g) for _, g in itertools.groupby(names, key=src.qtype)]
+    if all(_packs(src, run) for run in runs):
+        parts = [_quantized_run(src, run) for run in runs]
+        return parts[0] if len(parts) == 1 else RowStack(tuple(parts))
     src.dense.update(src.qtype(n).name for n in names)
     return torch.cat([src.dequantized(n, dtype) for n in names])
+
+
+def _packs(src: _GGUFTensors, names: list[str]) -> bool:
+    """Whether the parts `names` (of one type) pack into one quantized weight."""
+    qtype, n = src.qtype(names[0]), sum(src.info(name).shape[0] for name in names)
+    if qtype in SUPPORTED_TYPES:
+        return n % _ROW_ALIGN == 0
+    k = src.info(names[0]).shape[-1]
+    return qtype in KQUANT_TYPES and kquant_fits(n, k) and kquant_kernel() is not None
+
+
+def _quantized_run(src: _GGUFTensors, names: list[str]) -> Int4Weight | KQuantWeight:
+    qtype = src.qtype(names[0])
+    rows = [src.raw(name) for name in names]
+    blocks = np.concatenate(rows) if len(rows) > 1 else rows[0]
+    return (
+        int4_from_gguf(blocks, qtype)
+        if qtype in SUPPORTED_TYPES
+        else kquant_from_gguf(blocks, qtype)
+    )
 
 
 def _count_quantized(model: DecoderModel) -> int:

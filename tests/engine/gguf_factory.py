@@ -1,23 +1,28 @@
 """Small random Llama GGUF files of one quantization type, for the quantized-path tests.
 
 The metadata (tokenizer, chat template, rope, norms) is copied from the embedded SmolLM2 GGUF, the
-shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (Q4_K,
-which gguf cannot quantize, gets random valid blocks). The embedding is Q8_0 and tied, as in the
-default model; norms are F32. `arch` writes the same decoder as another architecture's GGUF
-(its own key prefix): `qwen3` adds per-head Q/K norms; `gemma3` adds Q/K norms, norms after attention and
-MLP, and a 4-token sliding window; `qwen3moe` adds Q/K norms and
-replaces each MLP by 8 experts (top 2) of width 128, stacked `[E, out, in]`, and an F32 router;
-`phi3` fuses Q/K/V and gate/up, rotates half of each head, and carries LongRoPE factor tensors
-(original context 4, so every prompt of more than 4 tokens uses the long set). Added norms are random F32 around 1, so they matter.
+shape keys are overridden, and every matmul tensor is random weights quantized to `qtype` (the
+k-quants, which gguf cannot quantize, get random valid blocks), or to a type per tensor
+(`q4_k_m`: Q4_K with Q6_K for attn_v, the first layer's ffn_down and an untied output.weight,
+as llama.cpp's Q4_K_M recipe mixes them). The embedding is Q8_0 and tied unless an output type
+is given; norms are F32. `arch` writes the same decoder as another architecture's GGUF (its own
+key prefix): `qwen3` adds per-head Q/K norms; `gemma3` adds Q/K norms, norms after attention and
+MLP, and a 4-token sliding window; `qwen3moe` adds Q/K norms and replaces each MLP by 8 experts
+(top 2) of width 128, stacked `[E, out, in]`, and an F32 router; `phi3` fuses Q/K/V and gate/up,
+rotates half of each head, and carries LongRoPE factor tensors (original context 4, so every
+prompt of more than 4 tokens uses the long set). Added norms are random F32 around 1, so they
+matter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import quantize
 
 SHAPE_KEYS = {
@@ -36,23 +41,44 @@ _GEMMA_MASK_TOKEN = {"tokenizer.ggml.tokens": "<mask>", "tokenizer.ggml.token_ty
 
 
 def random_blocks(qtype: QT, rows: int, cols: int, rng: np.random.Generator, std: float):
-    """Valid blocks of `qtype` for a `[rows, cols]` weight of standard deviation ~`std`."""
-    if qtype != QT.Q4_K:
+    """Valid blocks of `qtype` for a `[rows, cols]` weight of standard deviation ~`std`: gguf
+    quantizes random weights where it can; the k-quants it cannot quantize (Q4_K, Q5_K, Q6_K)
+    get random bytes with their block constants set to keep the weights ~`std`."""
+    if qtype not in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         w = (rng.standard_normal((rows, cols)) * std).astype(np.float32)
         return quantize(w, qtype)
-    supers = cols // 256
-    b = rng.integers(0, 256, size=(rows, supers, 144), dtype=np.uint8)
-    # d and dmin (fp16) scale 6-bit sub-scales (0..63) times 4-bit values: keep weights ~std.
-    consts = rng.uniform(0.2, 1.0, size=(rows, supers, 2)) * std / 63 * 2
+    size = GGML_QUANT_SIZES[qtype][1]
+    b = rng.integers(0, 256, size=(rows, cols // 256, size), dtype=np.uint8)
+    if qtype == QT.Q6_K:  # d * sc * q: q in -32..31 (std ~18), int8 sc (std ~73 if uniform)
+        d = rng.uniform(0.5, 1.5, size=(rows, cols // 256, 1)) * std / (18 * 73)
+        b[..., 208:210] = d.astype(np.float16).view(np.uint8)
+        return b.reshape(rows, -1)
+    # d * sc * q - dmin * m: 6-bit sc and m (0..63) times 4-bit (or 5-bit) values.
+    levels = 63 if qtype == QT.Q4_K else 126
+    consts = rng.uniform(0.2, 1.0, size=(rows, cols // 256, 2)) * std / levels * 2
     b[..., 0:4] = consts.astype(np.float16).view(np.uint8)
     return b.reshape(rows, -1)
 
 
+def q4_k_m(layer: int, name: str) -> QT:
+    """The type of `blk.{layer}.{name}.weight` (or `output`, layer -1) in a Q4_K_M-like file."""
+    if name in ("attn_v", "output") or (name == "ffn_down" and layer == 0):
+        return QT.Q6_K
+    return QT.Q4_K
+
+
 def write_random_llama_gguf(
-    source: Path, out: Path, qtype: QT, seed: int = 0, arch: str = "llama"
+    source: Path,
+    out: Path,
+    qtype: QT | Callable[[int, str], QT],
+    seed: int = 0,
+    arch: str = "llama",
 ) -> Path:
     """A 2-layer random Llama (or `arch`) GGUF with `source`'s tokenizer and `qtype` matmul
-    weights."""
+    weights (one type, or a function of (layer, tensor name) such as `q4_k_m`; its type for
+    ("output", -1) makes the head untied)."""
+    type_of = qtype if callable(qtype) else (lambda _layer, _name: qtype)
+    head_type = type_of(-1, "output") if callable(qtype) else None
     reader = GGUFReader(source)
     writer = GGUFWriter(str(out), arch)
     for key, f in reader.fields.items():
@@ -93,6 +119,9 @@ def write_random_llama_gguf(
     if arch == "phi3":
         writer.add_tensor("rope_factors_long.weight", np.linspace(1, 8, 16, dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.linspace(1, 2, 16, dtype=np.float32))
+    if head_type is not None:
+        head = random_blocks(head_type, vocab, hidden, rng, hidden**-0.5 * 4)
+        writer.add_tensor("output.weight", head, raw_dtype=head_type)
     shapes = {
         "attn_q": (q_rows, hidden), "attn_k": (kv_rows, hidden), "attn_v": (kv_rows, hidden),
         "attn_output": (hidden, q_rows), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden),
@@ -116,8 +145,9 @@ def write_random_llama_gguf(
         for name, (rows, cols) in shapes.items():
             if arch == "qwen3moe" and name.startswith("ffn_"):
                 continue
-            blocks = random_blocks(qtype, rows, cols, rng, cols**-0.5)
-            writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
+            t = type_of(i, name)
+            blocks = random_blocks(t, rows, cols, rng, cols**-0.5)
+            writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=t)
         if arch == "qwen3moe":
             n, width = experts["expert_count"], experts["expert_feed_forward_length"]
             router = (rng.standard_normal((n, hidden)) * hidden**-0.5 * 4).astype(np.float32)
@@ -125,9 +155,10 @@ def write_random_llama_gguf(
             for name, (rows, cols) in {"ffn_gate_exps": (width, hidden),
                                        "ffn_up_exps": (width, hidden),
                                        "ffn_down_exps": (hidden, width)}.items():  # fmt: skip
-                blocks = np.stack([random_blocks(qtype, rows, cols, rng, cols**-0.5)
+                t = type_of(i, name)
+                blocks = np.stack([random_blocks(t, rows, cols, rng, cols**-0.5)
                                    for _ in range(n)])  # fmt: skip
-                writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
+                writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
