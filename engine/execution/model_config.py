@@ -165,6 +165,11 @@ class ModelConfig:
             raise UnsupportedModelError("the MoE layer pattern needs one entry per layer")
         if "local" in self.layer_rope and self.local_rope is None:
             raise UnsupportedModelError("layers with a local rope need local_rope")
+        for tok in self.eos_token_ids:
+            if not 0 <= tok < self.vocab_size:
+                raise UnsupportedModelError(
+                    f"eos_token_id {tok} is outside the vocabulary (vocab_size {self.vocab_size})"
+                )
 
     @property
     def group_size(self) -> int:

@@ -56,7 +56,9 @@ COMMON = dict(
     num_key_value_heads=2,
     max_position_embeddings=512,
     initializer_range=0.2,  # large weights, so logits are far from zero and errors show
-    pad_token_id=0,  # some classes default to an id beyond the tiny vocabulary
+    pad_token_id=0,  # some classes default to ids beyond the tiny vocabulary
+    bos_token_id=1,
+    eos_token_id=2,
 )
 # Phi-3 derives head_dim from hidden / heads: 128 / 8 = 16, half of it rotated.
 PHI3 = {**COMMON, "hidden_size": 128, "partial_rotary_factor": 0.5}
@@ -215,6 +217,7 @@ REFUSED = {
     "rope type": ("smollm3-yarn", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}),
     "layer_types": ("gemma3", {"layer_types": ["chunked_attention"] * 3}),
     "model_type": ("qwen3", {"model_type": "qwen3_next"}),
+    "eos_token_id": ("smollm3-yarn", {"eos_token_id": 128001}),  # SmolLM3Config's default
 }
 
 
