@@ -25,8 +25,8 @@ import torch
 from corral.engine.constrained.budget_close import BudgetSteer
 from corral.engine.constrained.jump_forward import (
     DraftHints,
-    budget_room,
     accepted_after,
+    budget_room,
     forced_token,
     make_draft,
     reasoning_close,
@@ -49,8 +49,10 @@ class Drafter:
         vocab_size: int,
         post: Postprocessor,
         counters: Counter[str],
+        row_cost: float = 0.5,
     ) -> None:
-        """`post` appends forced tokens; `counters` are the engine's own (shared, not copied)."""
+        """`post` appends forced tokens; `counters` are the engine's own (shared, not copied);
+        `row_cost`: a draft row's cost as a share of a decode pass (`EngineConfig`)."""
         self.config = config
         self.tokenizer = tokenizer
         self.hints = DraftHints(tokenizer)
@@ -62,6 +64,7 @@ class Drafter:
             config.lookup_max_ngram,
             config.lookup_draft_tokens if config.speculative else 0,
             config.lookup_min_tokens,
+            row_cost,
         )
 
     def _applies(self, seq: Sequence) -> bool:

@@ -8,12 +8,20 @@ proposal from the sequence's recent acceptance (`SpecState`). A proposal is only
 engine verifies it in the same forward pass as every other row (`jump_forward`, `postprocess`),
 cut first at the first token the grammar refuses, so it never changes an output.
 
-Adaptive k. Every draft token costs a row of the step's forward (and, on the CPU, takes the
-step off the fused decode path; a constrained row also costs a mask fill), so a sequence whose
-proposals keep missing stops proposing: k doubles after a fully accepted proposal, becomes
-(accepted + 1) after a partly accepted one, halves after a miss, and drops to 0 after
-`_MISSES_OFF` misses in a row. At 0 the sequence probes again with a 1-token proposal after a
-cooldown that doubles after each failed probe (`_PROBE_STEPS` .. `_MAX_PROBE_STEPS` steps).
+Adaptive k. Every draft token costs a row of the step's forward (a constrained row also a mask
+fill): `EngineConfig.lookup_row_cost` is that row's cost as a share of a one-token decode pass
+(on the CPU the 4-bit matmul decodes its weights once per two rows, so a row is far from free;
+on a GPU a few more rows cost almost nothing). Each sequence estimates how often its next draft
+token is right (`SpecState`) and drafts the k that maximizes tokens per unit of cost, 0 where
+no k beats plain decoding. After `_MISSES_OFF` proposals in a row that got nothing it stops,
+and probes again with a 1-token proposal after a cooldown that doubles after each failed probe
+(`_PROBE_STEPS` .. `_MAX_PROBE_STEPS` steps).
+
+Devices. A step where any sequence feeds a draft is an extend step (`num_tokens` > sequences):
+on CUDA it runs eagerly, because `cuda_graphs.DecodeGraphs.fits` takes decode-only batches
+alone, so speculation never replays (or corrupts) a captured graph; on the CPU it runs the
+layer-by-layer path instead of `fused_decode`. Steps without drafts keep their graphs and the
+fused path, which is why k drops to 0 where proposals do not pay.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from corral.engine.serving.core import Sequence
 _MISSES_OFF = 3  # proposals in a row that got nothing before k drops to 0
 _PROBE_STEPS = 8  # steps at k = 0 before the first probe
 _MAX_PROBE_STEPS = 256
+_DECAY = 0.9  # weight of the past in the acceptance estimate, per verified proposal
 
 
 class LookupIndex:
@@ -72,50 +81,74 @@ class LookupIndex:
 
 @dataclass
 class SpecState:
-    """One sequence's speculation: its current k, misses in a row, cooldown, and counts."""
+    """One sequence's speculation: its estimated per-token acceptance, misses in a row,
+    cooldown, and counts.
 
-    k: int
-    misses: int = 0
+    Acceptance is modelled as geometric: each next draft token is right with probability p,
+    estimated from decayed counts of confirmed tokens (`hits`) and first wrong ones (`misses_w`).
+    A k-token draft then yields 1 + p + ... + p^k tokens for a pass that costs 1 + row_cost * k
+    decode passes; `allowance` picks the k in [0, max_k] that maximizes their ratio (0 when no k
+    beats plain decoding).
+    """
+
+    hits: float = 3.0  # a prior of p = 0.75: a new sequence tries one token
+    misses_w: float = 1.0
+    misses: int = 0  # proposals in a row that got nothing
     cooldown: int = 0  # steps left at k = 0 before a probe
     probe_steps: int = _PROBE_STEPS
     proposed: int = 0  # lookup draft tokens fed for verification
     accepted: int = 0  # of those, confirmed by the sampled tokens
 
-    def settle(self, proposed: int, accepted: int, max_k: int) -> None:
+    @property
+    def p(self) -> float:
+        return self.hits / (self.hits + self.misses_w)
+
+    def settle(self, proposed: int, accepted: int) -> None:
         """Learn from one verified proposal of `proposed` tokens, `accepted` of them right."""
         if proposed <= 0:
             return
         self.proposed += proposed
         self.accepted += accepted
-        if accepted >= proposed:
-            self.k = min(max_k, max(2 * self.k, accepted + 1, 1))
+        self.hits = _DECAY * self.hits + accepted
+        self.misses_w = _DECAY * self.misses_w + (accepted < proposed)
+        if accepted:
             self.misses, self.probe_steps = 0, _PROBE_STEPS
-        elif accepted > 0:
-            self.k = min(max_k, accepted + 1)
-            self.misses, self.probe_steps = 0, _PROBE_STEPS
-        else:
-            self.misses += 1
-            self.k //= 2
-            if self.misses >= _MISSES_OFF or self.k == 0:
-                self.k, self.cooldown = 0, self.probe_steps
-                self.probe_steps = min(_MAX_PROBE_STEPS, 2 * self.probe_steps)
-                self.misses = _MISSES_OFF - 1  # a failed probe turns it off again
+            return
+        self.misses += 1
+        if self.misses >= _MISSES_OFF:
+            self.cooldown = self.probe_steps
+            self.probe_steps = min(_MAX_PROBE_STEPS, 2 * self.probe_steps)
+            self.misses = _MISSES_OFF - 1  # a failed probe turns it off again
 
-    def allowance(self) -> int:
-        """This step's k (counting one step of cooldown when off)."""
-        if self.k > 0:
-            return self.k
+    def allowance(self, max_k: int, row_cost: float) -> int:
+        """This step's k: the best one for the estimated p (see class docstring), or a 1-token
+        probe once a cooldown has run out (counting one step of it when off)."""
         if self.cooldown > 0:
             self.cooldown -= 1
             return 0
-        return 1  # a probe
+        if self.misses >= _MISSES_OFF - 1 and self.misses > 0:
+            return 1  # probing after a cooldown
+        p, gain, best, best_ratio = self.p, 1.0, 0, 1.0
+        term = 1.0
+        for k in range(1, max_k + 1):
+            term *= p
+            gain += term
+            ratio = gain / (1.0 + row_cost * k)
+            if ratio > best_ratio:
+                best, best_ratio = k, ratio
+        if best == 0:  # nothing pays now: wait, then probe (which updates the estimate)
+            self.cooldown, self.misses = self.probe_steps, _MISSES_OFF - 1
+        return best
 
 
 class Proposer:
     """Lookup drafts for every running sequence (`EngineConfig.speculative`)."""
 
-    def __init__(self, min_n: int, max_n: int, max_k: int, min_tokens: int) -> None:
+    def __init__(
+        self, min_n: int, max_n: int, max_k: int, min_tokens: int, row_cost: float
+    ) -> None:
         self.min_n, self.max_n, self.max_k, self.min_tokens = min_n, max_n, max_k, min_tokens
+        self.row_cost = row_cost
 
     def applies(self, seq: Sequence) -> bool:
         """Whether `seq` speculates at all: on for the engine and the request, a k above 0,
@@ -130,8 +163,8 @@ class Proposer:
     def propose(self, seq: Sequence, tail: list[int], limit: int) -> list[int]:
         """Up to min(`limit`, the sequence's k) tokens proposed after output + `tail`."""
         if seq.spec is None:
-            seq.spec = SpecState(k=min(4, self.max_k))
-        k = min(limit, seq.spec.allowance())
+            seq.spec = SpecState()
+        k = min(limit, seq.spec.allowance(self.max_k, self.row_cost))
         if k <= 0:
             return []
         if seq.lookup is None:
@@ -140,4 +173,4 @@ class Proposer:
 
     def settle(self, seq: Sequence, proposed: int, accepted: int) -> None:
         if seq.spec is not None:
-            seq.spec.settle(proposed, accepted, self.max_k)
+            seq.spec.settle(proposed, accepted)

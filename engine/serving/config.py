@@ -35,6 +35,9 @@ class EngineConfig:
     - `lookup_min_ngram`, `lookup_max_ngram`: the suffix n-gram lengths tried, longest first.
     - `lookup_min_tokens`: a sequence speculates once its prompt + output hold this many tokens
       (shorter ones have too little to mine).
+    - `lookup_row_cost`: what one more row costs in a step, as a share of a one-token decode
+      pass; each sequence drafts only as many tokens as its acceptance pays for at that cost
+      (`engine.constrained.lookup`). None: 0.5 on the CPU, 0.05 on CUDA (`Engine` resolves it).
     - `num_threads`: torch intra-op threads; None (the default) resolves to the cores this
       process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
     - `max_step_draft_tokens`: most jump-forward draft tokens fed in one step, over all
@@ -72,6 +75,7 @@ class EngineConfig:
     lookup_min_ngram: int = 2
     lookup_max_ngram: int = 4
     lookup_min_tokens: int = 64
+    lookup_row_cost: float | None = None
     num_threads: int | None = None
     max_step_draft_tokens: int = 256
     mask_threads: int | None = None
@@ -100,6 +104,10 @@ class EngineConfig:
         for name, value, low in checks:
             if value < low:
                 raise ValueError(f"EngineConfig.{name} must be >= {low}, got {value}")
+        if self.lookup_row_cost is not None and not self.lookup_row_cost >= 0:
+            raise ValueError(
+                f"EngineConfig.lookup_row_cost must be >= 0, got {self.lookup_row_cost}"
+            )
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"EngineConfig.gpu_memory_fraction must be in (0, 1], got "
