@@ -117,3 +117,23 @@ def test_a_non_boolean_is_a_400(server, value):
         r = post(server, path, body)
         assert r.status_code == 400, (path, value, r.text[:300])
         assert "speculative" in r.text
+
+
+def test_the_server_flag_reaches_the_engine():
+    import argparse
+
+    from corral.api.config import ServerConfig
+    from corral.cli_serve import add_serve_command
+
+    parser = argparse.ArgumentParser()
+    add_serve_command(parser.add_subparsers(dest="command"))
+    for argv, env, want in (
+        ([], {}, True),
+        (["--no-speculative"], {}, False),
+        (["--speculative", "false"], {}, False),
+        ([], {"CORRAL_SPECULATIVE": "0"}, False),
+        (["--speculative", "true"], {"CORRAL_SPECULATIVE": "0"}, True),
+    ):
+        args = parser.parse_args(["serve", *argv])
+        config = ServerConfig.from_sources(vars(args), env)
+        assert config.engine_config().speculative is want, (argv, env)
