@@ -25,7 +25,9 @@ Figures (each the ratio printed beside it):
 Targets: (1) Corral with / without >= 1.8, Corral with / llama.cpp with >= 1.5; (2) >= 0.95.
 
 The machine's load average is printed at the start and the end: on a shared machine the figures
-move with it; compare ratios measured in the same run only.
+move with it; compare ratios measured in the same run only. `--passes` prints figures a loaded
+machine does not move instead, in-process on the engine `corral serve` builds: forward passes
+per output token, acceptance and CPU seconds with and without speculation, outputs compared.
 """
 
 from __future__ import annotations
@@ -269,6 +271,45 @@ def measure(server: Server, docs: list[tuple[str, dict]], spec: bool, concurrenc
     }
 
 
+def passes(docs: list[tuple[str, dict]], max_tokens: int) -> None:
+    """`--passes`: the extraction set on the server's engine in this process, greedy, one
+    request at a time, with and without speculation."""
+    from dataclasses import replace
+
+    from corral.api.config import ServerConfig
+    from corral.engine import Engine, SamplingParams, load_model
+    from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
+
+    cfg = ServerConfig()
+    model = load_model(cfg.model, cfg.torch_dtype, cfg.torch_device, cache_dir=cfg.cache_dir,
+                       quantize=cfg.quantization)  # fmt: skip
+    tok = model.tokenizer
+    info = TokenizerInfo.from_hf(tok, vocab_size=model.vocab_size,
+                                 eos_token_ids=model.eos_token_ids)  # fmt: skip
+    firsts = None
+    for spec in (True, False):
+        eng = Engine(model, replace(cfg.engine_config(), speculative=spec))
+        outs, cpu = [], time.process_time()
+        for prompt, schema in docs:
+            enc = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                          add_generation_prompt=True)  # fmt: skip
+            ids = list(enc["input_ids"] if not isinstance(enc, list) else enc)
+            c = compile_constraint(ConstraintSpec.json_schema(schema), info)
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            outs.append(eng.generate([ids], params, [c])[0][0].token_ids)
+        s = eng.stats()
+        print(f"speculation {'on ' if spec else 'off'}: {s['output_tokens']} output tokens, "
+              f"{s['steps']} steps, {s['forward_passes_per_output_token']:.3f} passes per output "
+              f"token, lookup drafts accepted {s['lookup_draft_accepted']} / "
+              f"{s['lookup_draft_tokens']}, {time.process_time() - cpu:.1f} CPU s (prefill "
+              f"included)", flush=True)  # fmt: skip
+        eng.close()
+        if firsts is None:
+            firsts = outs
+        else:
+            print(f"outputs identical with and without: {firsts == outs}")
+
+
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "n/a"
 
@@ -287,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="4 documents, 2 chat prompts")
     ap.add_argument("--no-llama", action="store_true", help="Corral's figures alone")
+    ap.add_argument("--passes", action="store_true", help="passes per token, in-process only")
     ap.add_argument("--start-timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
     if args.gguf is None:
@@ -297,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     chat = [(p, None) for p in (CHAT[:2] if args.quick else CHAT)]
     cores = set(sorted(os.sched_getaffinity(0))[: args.threads])
     print(header(__file__), flush=True)
+    if args.passes:
+        print(f"{load()}; {len(docs)} documents, max_tokens {args.max_tokens}", flush=True)
+        passes(docs, args.max_tokens)
+        print(f"{load()} at the end")
+        return 0
     print(
         f"{load()} at the start; model {args.gguf}; cores {sorted(cores)}, {args.threads} "
         f"threads; {len(docs)} documents, max_tokens {args.max_tokens}; greedy",
@@ -333,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  Corral {side} speculation done ({time.monotonic() - t0:.0f} s)", flush=True)
     finally:
         stop(srv)
+    report(results, args)  # Corral's figures now, in case the peers' runs are cut short
     llama_ok = False
     if not args.no_llama:
         try:
@@ -380,6 +428,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
     cc, cco = get("Corral", "with", "c", "agg"), get("Corral", "without", "c", "agg")
     print(f"| 2. Corral tok/s, {args.concurrency} concurrent | {cc:.1f} | {cco:.1f} | "
           f"{ratio(cc, cco)} | >= 0.95x |")  # fmt: skip
+    if cw is None or cwo is None:
+        print("| (Corral's runs did not finish) | | | | |")
+        return
     fw, fwo = get("Corral", "with", "chat", "rate1"), get("Corral", "without", "chat", "rate1")
     print(f"| 4. Corral free chat decode tok/s, 1 request | {fw:.1f} | {fwo:.1f} | "
           f"{ratio(fw, fwo)} | >= 0.95x |")  # fmt: skip
