@@ -91,6 +91,7 @@ class ServerConfig:
     overlap: bool = False
     prefix_cache: bool = True
     cuda_graphs: bool = True
+    speculative: bool = True
     cache_dir: str | None = None
     log_level: str = "info"
     open_objects: bool = False
@@ -241,6 +242,7 @@ class ServerConfig:
             overlap=self.overlap,
             prefix_cache=self.prefix_cache,
             cuda_graphs=self.cuda_graphs,
+            speculative=self.speculative,
         )
 
     @classmethod
@@ -307,6 +309,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cuda_graphs", "--cuda-graphs", "CORRAL_CUDA_GRAPHS", parse_bool,
             "on CUDA: replay decode steps from CUDA graphs captured per batch-size bucket "
             "(default true; false or --no-cuda-graphs: every step eager); ignored on the CPU"),
+    Setting("speculative", "--speculative", "CORRAL_SPECULATIVE", parse_bool,
+            "true (default): prompt-lookup speculation (drafts copied from the prompt and "
+            "output, verified exactly; same outputs, faster extraction); false or "
+            "--no-speculative: off (a request may also send \"speculative\": false)"),
     Setting("cache_dir", "--cache-dir", CACHE_DIR_ENV, str,
             "converted models and compiled constraints (default ~/.cache/corral)"),
     Setting("log_level", "--log-level", "CORRAL_LOG_LEVEL", str,

@@ -150,6 +150,7 @@ class EngineCall:
         self.num_prompt_tokens = len(prompt_ids)
         self.num_cached_tokens = 0
         self.num_output_tokens = 0
+        self._spec: dict[int, tuple[int, int]] = {}  # choice -> lookup tokens proposed, accepted
         self._open_choices = params.n
         self._last_token_at: dict[int, float] = {}
         self._closed = False
@@ -191,8 +192,19 @@ class EngineCall:
                 m.itl.observe((now - last) / len(out.token_ids))
             self._last_token_at[out.index] = now
             self.num_output_tokens += len(out.token_ids)
+        if out.spec_proposed:
+            self._spec[out.index] = (out.spec_proposed, out.spec_accepted)
         if out.finish_reason is not None:
             self._open_choices -= 1
+
+    @property
+    def spec_proposed(self) -> int:
+        """Lookup draft tokens proposed for this call's choices so far."""
+        return sum(p for p, _ in self._spec.values())
+
+    @property
+    def spec_accepted(self) -> int:
+        return sum(a for _, a in self._spec.values())
 
     async def close(self) -> None:
         """Abort the engine request if unfinished and count its tokens. Idempotent."""

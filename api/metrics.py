@@ -153,6 +153,16 @@ def _engine_metrics(s: Mapping[str, Any]) -> Iterator[Any]:
     )
     deferrals.add_metric([], float(s["mask_deferrals"]))
     yield deferrals
+    for key, name, doc in (
+        ("lookup_draft_tokens", "proposed", "draft tokens proposed by prompt lookup and verified"),
+        ("lookup_draft_accepted", "accepted", "prompt-lookup draft tokens the sampled tokens "
+         "confirmed (each saved a forward pass)"),
+        ("draft_tokens", "draft", "draft tokens verified, lookup and grammar-forced text"),
+        ("draft_accepted", "draft_accepted", "draft tokens confirmed, lookup and grammar"),
+    ):  # fmt: skip
+        family = CounterMetricFamily(f"corral_speculative_{name}_tokens", doc)
+        family.add_metric([], float(s[key]))
+        yield family
 
 
 def _compile_metrics(s: Mapping[str, Any]) -> Iterator[Any]:

@@ -128,6 +128,10 @@ class _Sampling(_Request):
         "steered to close as a valid instance (finish_reason stays length; the choice's "
         "budget_close says what was cut short); false: cut like every peer does",
     )
+    speculative: bool = Field(
+        default=True,
+        description="Corral extension. true (the default): prompt-lookup speculation where the server has it on (drafts copied from the prompt and output, verified exactly: the output is the same, only faster); false: off for this request",
+    )
     # vLLM's and SGLang's sampling extensions
     top_k: int | None = Field(default=None, ge=-1, lt=2**31, description="0 or -1: off")
     min_p: float | None = Field(default=None, ge=0, le=1)

@@ -72,6 +72,9 @@ class GenerateSampling(_NullsAbsent):
     ebnf: str | None = None
     structural_tag: str | None = None
     stop_regex: str | list[str] | None = Field(default=None, description="not supported")
+    speculative: bool = Field(
+        default=True, description="Corral extension: false turns prompt-lookup speculation off"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GenerateSampling:
@@ -184,6 +187,7 @@ class GenerateItem:
             "stop": s.stop,
             "stop_token_ids": s.stop_token_ids,
             "ignore_eos": s.ignore_eos,
+            "speculative": s.speculative,
             "n": s.n,
             "skip_special_tokens": s.skip_special_tokens,
             "seed": s.sampling_seed,

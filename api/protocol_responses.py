@@ -77,6 +77,9 @@ class ResponsesRequest(_Request):
     top_p: float | None = Field(default=None, ge=0, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    speculative: bool = Field(
+        default=True, description="Corral extension: false turns prompt-lookup speculation off"
+    )
     metadata: dict[str, Annotated[str, Field(max_length=512)]] | None = Field(
         default=None, max_length=16, description="accepted; echoed in the response, not stored"
     )
@@ -216,6 +219,7 @@ def chat_body(req: ResponsesRequest) -> dict[str, Any]:
         "stream": req.stream,
         "stream_options": {"include_usage": True} if req.stream else None,
         "response_format": _response_format(req.format()),
+        "speculative": req.speculative,
     }
     if req.tools:
         body["tools"] = [_chat_tool(t) for t in req.tools]

@@ -14,7 +14,7 @@ from typing import Any
 from corral.api.errors import bad_request, model_not_found
 from corral.api.limits import check_n
 from corral.api.protocol import ChatCompletionRequest
-from corral.api.responses import Usage
+from corral.api.responses import SpeculativeUsage, Usage
 from corral.api.state import ServerState
 from corral.engine.serving.core import BudgetReport, RequestError, SamplingParams
 from corral.grammar import ConstraintSpec
@@ -114,6 +114,7 @@ def _extensions(state: ServerState, req: Any, budget: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": tuple(req.stop_token_ids or ()),
         "skip_special_tokens": req.skip_special_tokens,
+        "speculative": req.speculative,
     }
 
 
@@ -149,4 +150,17 @@ def usage(call: Any) -> Usage:
         completion_tokens=call.num_output_tokens,
         total_tokens=call.num_prompt_tokens + call.num_output_tokens,
         prompt_tokens_details={"cached_tokens": call.num_cached_tokens},
+        speculative=speculative_usage([call]),
+    )
+
+
+def speculative_usage(calls: list[Any]) -> SpeculativeUsage | None:
+    """The ``usage.speculative`` extension: lookup draft tokens proposed and accepted over
+    ``calls``' choices; absent when none were proposed."""
+    proposed = sum(c.spec_proposed for c in calls)
+    if not proposed:
+        return None
+    accepted = sum(c.spec_accepted for c in calls)
+    return SpeculativeUsage(
+        proposed_tokens=proposed, accepted_tokens=accepted, acceptance_rate=accepted / proposed
     )

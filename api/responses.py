@@ -26,11 +26,24 @@ def now() -> int:
     return int(time.time())
 
 
+class SpeculativeUsage(BaseModel):
+    """Corral extension: prompt-lookup speculation for one request (all its choices)."""
+
+    proposed_tokens: int = Field(description="draft tokens proposed and verified")
+    accepted_tokens: int = Field(description="of those, the ones the sampled tokens confirmed")
+    acceptance_rate: float
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: dict[str, int] | None = None
+    speculative: SpeculativeUsage | None = Field(
+        default=None,
+        description="Corral extension: prompt-lookup speculation's draft tokens (absent when "
+        "none were proposed); outputs are the same with or without it",
+    )
 
 
 class TopLogprob(BaseModel):

@@ -58,6 +58,8 @@ class ResponseDraft:
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": u["total_tokens"],
         }
+        if u.get("speculative"):  # the extension, as chat reports it
+            self.usage["speculative"] = u["speculative"]
 
     def body(self) -> dict[str, Any]:
         r = self.req

@@ -30,6 +30,7 @@ from corral.api.request_params import (
     budget_json,
     check_model,
     sampling_params,
+    speculative_usage,
     with_budget_close,
 )
 from corral.api.responses import (
@@ -200,6 +201,7 @@ class _Job:
             completion_tokens=completion,
             total_tokens=prompt + completion,
             prompt_tokens_details={"cached_tokens": cached},
+            speculative=speculative_usage(self.calls),
         )
 
     def stream(self, admitted: Admitted) -> AsyncIterator[str]:

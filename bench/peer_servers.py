@@ -30,6 +30,7 @@ class Reply:
     chunks: int = 0  # content chunks
     usage: int | None = None  # completion tokens, where the server streams its usage
     prompt_tokens: int | None = None
+    speculative: dict | None = None  # Corral's usage extension (prompt-lookup drafts)
 
     @property
     def tokens(self) -> int:
@@ -138,6 +139,7 @@ async def stream(client: httpx.AsyncClient, req: dict) -> Reply:
                     usage["completion_tokens"],
                     usage["prompt_tokens"],
                 )
+                reply.speculative = usage.get("speculative")
             for choice in chunk.get("choices", []):
                 text = (choice.get("delta") or {}).get("content")
                 if text is not None and (text or reply.first is not None):

@@ -29,6 +29,10 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
         "--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False,
         help="the same as --cuda-graphs false",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-speculative", dest="speculative", action="store_const", const=False,
+        help="the same as --speculative false",
+    )  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ where they matter, so that `Engine.step` stays schedule -> run -> postprocess:
 - `verify`: after sampling, the draft fed in that pass is settled (learned from, counted,
   cleared); the engine frees the KV of its rejected tail;
 - `jump_forward`: the tokens the grammar alone decides are appended, then what it forces next
-  becomes the draft for the next pass.
+  becomes the draft for the next pass, continued by a prompt-lookup proposal
+  (`engine.constrained.lookup`, every sequence, constrained or not, while speculation pays
+  for it) cut at the first token the grammar refuses.
 
 Every figure it changes is one of the engine's counters (`engine.stats`).
 """
@@ -23,20 +25,22 @@ import torch
 from corral.engine.constrained.budget_close import BudgetSteer
 from corral.engine.constrained.jump_forward import (
     DraftHints,
+    accepted_after,
     budget_room,
     forced_token,
-    lookup_draft,
     make_draft,
     reasoning_close,
 )
+from corral.engine.constrained.lookup import Proposer
 from corral.engine.serving.config import EngineConfig
 from corral.engine.serving.core import Sequence, SequenceFailed, TokenSource
 from corral.engine.serving.postprocess import Postprocessor
 
 
 class Drafter:
-    """Forced tokens and drafts for constrained sequences (a no-op when jump-forward is off),
-    and the end marker of a think block at its reasoning budget (always)."""
+    """Forced tokens and grammar drafts for constrained sequences (when jump-forward is on),
+    lookup drafts for every sequence (when speculation is on), and the end marker of a think
+    block at its reasoning budget (always)."""
 
     def __init__(
         self,
@@ -45,14 +49,23 @@ class Drafter:
         vocab_size: int,
         post: Postprocessor,
         counters: Counter[str],
+        row_cost: float = 0.5,
     ) -> None:
-        """`post` appends forced tokens; `counters` are the engine's own (shared, not copied)."""
+        """`post` appends forced tokens; `counters` are the engine's own (shared, not copied);
+        `row_cost`: a draft row's cost as a share of a decode pass (`EngineConfig`)."""
         self.config = config
         self.tokenizer = tokenizer
         self.hints = DraftHints(tokenizer)
         self._post = post
         self._counters = counters
         self._force_mask = torch.empty(1, (vocab_size + 31) // 32, dtype=torch.int32)
+        self.proposer = Proposer(
+            config.lookup_min_ngram,
+            config.lookup_max_ngram,
+            config.lookup_draft_tokens if config.speculative else 0,
+            config.lookup_min_tokens,
+            row_cost,
+        )
 
     def _applies(self, seq: Sequence) -> bool:
         return self.config.jump_forward and seq.matcher is not None
@@ -82,11 +95,14 @@ class Drafter:
         c = self._counters
         c["draft_tokens"] += len(draft)
         c["draft_accepted"] += accepted
-        if seq.draft_looked_up:
-            c["lookup_draft_tokens"] += len(draft)
-            c["lookup_draft_accepted"] += accepted
-        c["jump_forward_tokens"] += accepted
-        seq.draft, seq.draft_hint, seq.draft_looked_up, seq.num_forced = [], None, False, 0
+        split = min(seq.draft_lookup_from, len(draft))  # forced text first, then the lookup
+        looked_up, lookup_ok = len(draft) - split, max(0, accepted - split)
+        if looked_up:
+            c["lookup_draft_tokens"] += looked_up
+            c["lookup_draft_accepted"] += lookup_ok
+            self.proposer.settle(seq, looked_up, lookup_ok)
+        c["jump_forward_tokens"] += accepted - lookup_ok
+        seq.draft, seq.draft_hint, seq.draft_lookup_from, seq.num_forced = [], None, 0, 0
         return len(draft) - accepted
 
     def jump_forward(self, seq: Sequence) -> None:
@@ -94,9 +110,7 @@ class Drafter:
         then draft the forced text after them. A think block at its reasoning budget is closed
         first, constrained or not."""
         self._force_all(seq, reasoning_close(seq, self.tokenizer))
-        if not self._applies(seq):
-            return
-        while seq.finish_reason is None:
+        while self._applies(seq) and seq.finish_reason is None:
             tok = forced_token(seq, self._force_mask)
             if tok is None:
                 break
@@ -118,15 +132,17 @@ class Drafter:
             self._counters[name] += 1
 
     def _draft(self, seq: Sequence) -> list[int]:
-        """The grammar's forced text as tokens, else a lookup draft (after the first output)."""
+        """The grammar's forced text as tokens (jump-forward), then a lookup proposal after it
+        (speculation, after the first output), cut to what the grammar accepts."""
         # The draft's last token is verified with one more sampled token after it, so leave
         # room for that one within max_tokens.
         limit = min(self.config.max_draft_tokens, seq.params.max_tokens - len(seq.output_ids) - 1)
         room = budget_room(seq)  # nor past a reasoning budget
         if room is not None:
             limit = min(limit, room)
-        draft = make_draft(seq, self.tokenizer, limit, self.hints)
-        if not draft and seq.output_ids:
-            draft = lookup_draft(seq, min(limit, self.config.lookup_draft_tokens))
-            seq.draft_looked_up = bool(draft)
+        draft = make_draft(seq, self.tokenizer, limit, self.hints) if self._applies(seq) else []
+        seq.draft_lookup_from = len(draft)
+        if len(draft) < limit and self.proposer.applies(seq):
+            more = self.proposer.propose(seq, draft, limit - len(draft))
+            draft += more[: accepted_after(seq, draft, more)]
         return draft

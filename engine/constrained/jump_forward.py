@@ -13,11 +13,13 @@ All three are exact: greedy and seeded outputs are the same with jump-forward on
    exactly as token-by-token decoding would, so a fully accepted k-token draft yields k + 1
    tokens (the last row gives the "bonus" token) for one pass, and a wrong guess costs only
    the rejected tail.
-3. Lookup drafts (`EngineConfig.lookup_draft_tokens`). Where the grammar forces nothing, the
-   tokens that followed the previous occurrence of the last `LOOKUP_NGRAM` tokens (in the prompt
-   or the output) are drafted instead, cut to what the grammar accepts. They are verified the
-   same way, so they too change no output; they pay off where the text repeats itself (arrays
-   of similar objects, names copied from the prompt).
+3. Lookup drafts (prompt-lookup speculation, `engine.constrained.lookup`). After the
+   grammar's forced text (or where it forces nothing), the tokens that followed the latest
+   earlier occurrence of the sequence's longest suffix n-gram (in the prompt or the output)
+   are drafted, cut at the first token the grammar refuses (`accepted_after`). They are
+   verified the same way, so they too change no output; they pay off where the text repeats
+   itself (spans copied from the prompt, arrays of similar objects). Unconstrained sequences
+   get them too.
 4. The end of a reasoning budget (`SamplingParams.reasoning_budget`, with or without a
    grammar). When the output reaches the budget inside the think block, the block's end marker
    is appended as forced tokens, so the block holds at most that many tokens of the model's own
@@ -46,7 +48,6 @@ from corral.engine.serving.core import Sequence
 _CONTEXT_TOKENS = (3, 1)  # output tokens tried as tokenization context, longest first
 _MAX_SCORE = 8  # |preference| cap, so a hint adapts when the model's habit changes
 _MAX_HINTS = 4096
-LOOKUP_NGRAM = 3  # tokens that must match before a lookup draft is proposed
 
 
 @dataclass(frozen=True)
@@ -154,34 +155,25 @@ def _accepted_prefix(seq: Sequence, draft: list[int]) -> int:
     return ok
 
 
-class LookupIndex:
-    """Where each `LOOKUP_NGRAM`-gram of one sequence's tokens last ended, kept incrementally
-    (the sequence's tokens only ever grow at the end)."""
-
-    def __init__(self) -> None:
-        self._last: dict[tuple[int, ...], int] = {}
-        self._indexed = LOOKUP_NGRAM - 1  # n-grams ending at or before this are indexed
-
-    def draft(self, seq: Sequence, limit: int) -> list[int]:
-        """The tokens after the latest earlier occurrence of `seq`'s last n-gram (<= limit)."""
-        n, end = LOOKUP_NGRAM, seq.num_tokens
-        if limit <= 0 or end <= n:
-            return []
-        if self._indexed < end - 1:
-            ids = seq.tokens(self._indexed + 1 - n, end - 1)
-            for i in range(len(ids) - n + 1):
-                self._last[tuple(ids[i : i + n])] = self._indexed + 1 + i
-            self._indexed = end - 1
-        start = self._last.get(tuple(seq.tokens(end - n, end)))
-        return [] if start is None else seq.tokens(start, min(start + limit, end))
-
-
-def lookup_draft(seq: Sequence, limit: int) -> list[int]:
-    """A lookup draft for `seq` (see module docstring), cut to what its matcher accepts."""
-    if seq.lookup is None:
-        seq.lookup = LookupIndex()
-    draft = seq.lookup.draft(seq, limit)
-    return draft[: _accepted_prefix(seq, draft)]
+def accepted_after(seq: Sequence, prefix: list[int], more: list[int]) -> int:
+    """How many leading `more` tokens `seq`'s matcher accepts after `prefix` (tokens it is
+    known to accept); the matcher is left as it was. Unconstrained: all of them."""
+    m = seq.matcher
+    if m is None or not more:
+        return len(more)
+    done = 0
+    for tok in prefix:
+        if not accept_checked(m, tok):
+            m.rollback(done)
+            return 0
+        done += 1
+    ok = 0
+    for tok in more:
+        if not accept_checked(m, tok):
+            break
+        ok += 1
+    m.rollback(done + ok)
+    return ok
 
 
 def reasoning_close(seq: Sequence, tokenizer) -> list[int]:

@@ -26,9 +26,18 @@ class EngineConfig:
     - `prefix_cache`: reuse the KV of prefixes seen before (radix tree).
     - `jump_forward`: append the grammar's forced continuation as a draft in one extend step.
     - `max_draft_tokens`: longest jump-forward draft per step.
-    - `lookup_draft_tokens`: where the grammar forces nothing, draft up to this many tokens
-      that followed an earlier occurrence of the last few tokens (constrained requests with
-      jump-forward only; exact like every draft); 0 turns it off.
+    - `speculative`: prompt-lookup speculation for every sequence (`engine.constrained.lookup`):
+      the tokens after the latest earlier occurrence of its longest suffix n-gram are drafted
+      and verified in the same pass (exact like every draft); a request may turn it off
+      (`SamplingParams.speculative`). False (`--speculative false`) turns it off for all.
+    - `lookup_draft_tokens`: the most tokens one lookup proposal drafts (its adaptive k's
+      ceiling); 0 turns speculation off.
+    - `lookup_min_ngram`, `lookup_max_ngram`: the suffix n-gram lengths tried, longest first.
+    - `lookup_min_tokens`: a sequence speculates once its prompt + output hold this many tokens
+      (shorter ones have too little to mine).
+    - `lookup_row_cost`: what one more row costs in a step, as a share of a one-token decode
+      pass; each sequence drafts only as many tokens as its acceptance pays for at that cost
+      (`engine.constrained.lookup`). None: 0.5 on the CPU, 0.05 on CUDA (`Engine` resolves it).
     - `num_threads`: torch intra-op threads; None (the default) resolves to the cores this
       process may use (`available_cores()`: CPU affinity, capped by a cgroup CPU quota).
     - `max_step_draft_tokens`: most jump-forward draft tokens fed in one step, over all
@@ -61,7 +70,12 @@ class EngineConfig:
     prefix_cache: bool = True
     jump_forward: bool = True
     max_draft_tokens: int = 16
+    speculative: bool = True
     lookup_draft_tokens: int = 8
+    lookup_min_ngram: int = 2
+    lookup_max_ngram: int = 4
+    lookup_min_tokens: int = 64
+    lookup_row_cost: float | None = None
     num_threads: int | None = None
     max_step_draft_tokens: int = 256
     mask_threads: int | None = None
@@ -79,6 +93,9 @@ class EngineConfig:
             ("max_batched_tokens", self.max_batched_tokens, 2),
             ("max_draft_tokens", self.max_draft_tokens, 0),
             ("lookup_draft_tokens", self.lookup_draft_tokens, 0),
+            ("lookup_min_ngram", self.lookup_min_ngram, 1),
+            ("lookup_max_ngram", self.lookup_max_ngram, self.lookup_min_ngram),
+            ("lookup_min_tokens", self.lookup_min_tokens, 0),
             ("max_step_draft_tokens", self.max_step_draft_tokens, 0),
             ("mask_grace_ms", 0 if self.mask_grace_ms is None else self.mask_grace_ms, 0),
             ("lpm_queue_limit", self.lpm_queue_limit, 0),
@@ -87,6 +104,10 @@ class EngineConfig:
         for name, value, low in checks:
             if value < low:
                 raise ValueError(f"EngineConfig.{name} must be >= {low}, got {value}")
+        if self.lookup_row_cost is not None and not self.lookup_row_cost >= 0:
+            raise ValueError(
+                f"EngineConfig.lookup_row_cost must be >= 0, got {self.lookup_row_cost}"
+            )
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"EngineConfig.gpu_memory_fraction must be in (0, 1], got "

@@ -15,7 +15,8 @@ if TYPE_CHECKING:  # annotations only: no torch or grammar at runtime; jump_forw
     import torch
 
     from corral.engine.constrained.budget_close import BudgetSteer
-    from corral.engine.constrained.jump_forward import Boundary, LookupIndex
+    from corral.engine.constrained.jump_forward import Boundary
+    from corral.engine.constrained.lookup import LookupIndex, SpecState
     from corral.engine.constrained.masks import LateMask
     from corral.engine.kvcache.radix_cache import Node
     from corral.engine.serving.detokenize import Detokenizer
@@ -106,6 +107,8 @@ class SamplingParams:
     none) given the tokens before it, with `top_logprobs` alternatives (the model's own
     distribution: no penalty, mask or temperature), in `Output.prompt_logprobs`; the prefix
     cache is then reused only up to the first position whose logits that needs.
+    `speculative`: False turns prompt-lookup speculation off for this request
+    (`engine.constrained.lookup`; outputs are the same either way, only the speed differs).
     `budget_close`: the budget closing of what the constraint enforces
     (`grammar.core.runtime.BudgetClose`: a JSON schema's `JsonCloser`, or a structural tag's
     `TagCloser` for tool calls, with the tokenizer whose token bytes it reads; a server's
@@ -134,6 +137,7 @@ class SamplingParams:
     reasoning_budget: ReasoningBudget | None = None
     budget_close: BudgetClose | None = None
     prompt_logprobs_from: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -227,6 +231,10 @@ class Output:
     budget_close: BudgetReport | None = None  # in the final Output, where budget closing acted
     # with `prompt_logprobs_from` p, once: prompt tokens max(p, 1) .. end, in order
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    # prompt-lookup speculation so far (`engine.constrained.lookup`): draft tokens proposed
+    # and fed for verification, and how many of them the sampled tokens confirmed
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
 
 @dataclass
@@ -243,6 +251,8 @@ class CollectedChoice:
     error: EngineFailure | None = None
     budget_close: BudgetReport | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
     def add(self, out: Output) -> None:
         if out.prompt_logprobs is not None:
@@ -255,6 +265,7 @@ class CollectedChoice:
         self.num_cached_tokens = out.num_cached_tokens
         self.error = out.error
         self.budget_close = out.budget_close
+        self.spec_proposed, self.spec_accepted = out.spec_proposed, out.spec_accepted
 
 
 class SeqStatus(enum.Enum):
@@ -302,9 +313,11 @@ class Sequence:
     overtaken: int = field(default=0, init=False)  # later arrivals admitted while it waited
     draft: list[int] = field(default_factory=list, init=False)  # jump-forward tokens to verify
     draft_hint: Boundary | None = field(default=None, init=False)  # the draft's last token
-    draft_looked_up: bool = field(default=False, init=False)  # a lookup draft, not forced text
+    # draft[draft_lookup_from:] is a lookup proposal, draft[:draft_lookup_from] forced text
+    draft_lookup_from: int = field(default=0, init=False)
     num_forced: int = field(default=0, init=False)  # output tokens appended without a pass
     lookup: LookupIndex | None = field(default=None, init=False)  # made on first use
+    spec: SpecState | None = field(default=None, init=False)  # adaptive k and counts (lookup)
     forward_passes: int = field(default=0, init=False)
     detok: Detokenizer | None = field(default=None, init=False)  # the engine attaches one
     pending_ids: list[int] = field(default_factory=list, init=False)  # not yet in an Output

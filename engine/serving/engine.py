@@ -102,8 +102,11 @@ class Engine:
             self.config, self.vocab_size, self.runner.device, self.eos,
             self.faults, self.cache, self.counters,
         )  # fmt: skip
+        row_cost = self.config.lookup_row_cost
+        if row_cost is None:  # see EngineConfig.lookup_row_cost
+            row_cost = 0.05 if self.runner.device.type == "cuda" else 0.5
         self.drafter = Drafter(
-            self.config, self.tokenizer, self.vocab_size, self.post, self.counters
+            self.config, self.tokenizer, self.vocab_size, self.post, self.counters, row_cost
         )
         self._requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()

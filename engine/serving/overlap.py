@@ -196,7 +196,7 @@ def _drop_stale_draft(seq: Sequence) -> None:
     it would also be verified against the draft n+1's postprocessing makes, not against itself,
     and the KV of a rejected draft token would be counted as computed. So the draft a step feeds
     is always the one its postprocessing verifies."""
-    seq.draft, seq.draft_hint, seq.draft_looked_up = [], None, False
+    seq.draft, seq.draft_hint, seq.draft_lookup_from = [], None, 0
 
 
 def _pending(plan: Schedule, prev: Launched | None) -> tuple[torch.Tensor, torch.Tensor] | None:

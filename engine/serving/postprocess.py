@@ -130,6 +130,8 @@ class Postprocessor:
             error=seq.error,
             budget_close=seq.budget.report(seq) if final and seq.budget else None,
             prompt_logprobs=prompt_logprobs.pending(seq),
+            spec_proposed=seq.spec.proposed if seq.spec else 0,
+            spec_accepted=seq.spec.accepted if seq.spec else 0,
         )
         seq.pending_ids = []
         seq.pending_logprobs = []
@@ -155,7 +157,7 @@ def _provenance(seq: Sequence, i: int, tok: int, lp: TokenLogprob | None) -> Tok
     allowed nothing else, or it confirms draft token `i` of a grammar draft (not a lookup)."""
     if lp is None or seq.matcher is None:
         return lp
-    confirms = i < len(seq.draft) and tok == seq.draft[i] and not seq.draft_looked_up
+    confirms = i < min(len(seq.draft), seq.draft_lookup_from) and tok == seq.draft[i]
     return replace(lp, source="forced") if confirms or lp.allowed == 1 else lp
 
 

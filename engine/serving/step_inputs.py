@@ -6,6 +6,16 @@ and one after each draft token, so a draft is verified in the same pass (see `ju
 A constrained sampled sequence also gets a `MaskJob` that fills one bitmask row per row.
 A prefill-only sequence (`max_tokens` 0) has no sampling row. Rows for prompt logprobs
 (`prompt_logprobs`) come after every sampling row.
+
+Drafts as decode rows. A decoding sequence that feeds several tokens (its sampled token, forced
+tokens, a draft) enters the batch as that many one-token rows, row i attending over the slots
+of the tokens up to its own (`ForwardBatch` takes a row's position from its slot count). Every
+attention backend stores all of a step's new K/V before any row attends, so this is the same
+causal attention as one extend span, but the step stays decode-only: on the CPU it keeps the
+fused decode path (`kernels.fused_decode`, one C call per layer; an extend step runs the layers
+one by one, several times slower for a small batch), on CUDA its rows replay the decode graphs
+(`execution.cuda_graphs`), and each verification row is computed by the same kernels as the
+token-by-token decode it stands for. Prompt chunks (and rows past `FLAT_MAX`) stay extend spans.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ from corral.engine.serving.core import Sequence
 from corral.engine.serving.prompt_logprobs import PromptRows, rows_for
 from corral.engine.serving.sampler import RowSpec
 from corral.engine.serving.scheduler import Schedule
+
+FLAT_MAX = 64  # most tokens of one decoding sequence fed as one-token rows
 
 
 @dataclass
@@ -57,8 +69,15 @@ def step_inputs(plan: Schedule) -> tuple[ForwardBatch, StepRows]:
         seq, draft = item.seq, item.seq.draft[: item.draft_len]
         real = item.num_new - item.draft_len
         first = seq.num_computed
-        new_ids.append(seq.tokens(first, first + real) + draft)
-        kvs.append(seq.kv)
+        fed = seq.tokens(first, first + real) + draft
+        if 1 < len(fed) <= FLAT_MAX and not seq.prefilling and seq.kv is not None:
+            kv = seq.kv  # the slots of every fed token are its last len(fed) entries
+            base = int(kv.numel()) - len(fed)
+            new_ids += [[t] for t in fed]
+            kvs += [kv[: base + i + 1] for i in range(len(fed))]
+        else:
+            new_ids.append(fed)
+            kvs.append(seq.kv)
         positions = rows_for(seq, first, first + real)
         if positions:
             prompt_index += [start + p - first for p in positions]

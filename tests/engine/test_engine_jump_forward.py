@@ -160,27 +160,29 @@ def test_draft_hints_learn_where_the_model_splits_the_last_token(smollm2):
     assert hints.shape(key + [whole])[0] == key + [whole]
 
 
-def test_lookup_draft_follows_the_latest_earlier_occurrence(smollm2):
-    from corral.engine.constrained.jump_forward import LOOKUP_NGRAM, LookupIndex
+@pytest.mark.parametrize("min_n,max_n", [(3, 3), (2, 4), (1, 5)])
+def test_lookup_draft_follows_the_longest_latest_earlier_occurrence(smollm2, min_n, max_n):
+    from corral.engine.constrained.lookup import LookupIndex
     from corral.engine.serving.core import Sequence
 
     tok = smollm2.tokenizer
     text = '[{"a":1,"b":2},{"a":1,"b":3},{"a":1,"b":'
     ids = tok.encode(text, add_special_tokens=False)
     seq = Sequence("r", 0, ids[:5], SamplingParams(), seed=0)
-    index = LookupIndex()
+    index = LookupIndex(min_n, max_n)
 
     def brute(all_ids: list[int], limit: int) -> list[int]:
-        n, tail = LOOKUP_NGRAM, all_ids[-LOOKUP_NGRAM:]
-        for end in range(len(all_ids) - 1, n - 1, -1):
-            if all_ids[end - n : end] == tail:
-                return all_ids[end : end + limit]
+        for n in range(max_n, min_n - 1, -1):  # the longest suffix n-gram that occurred first
+            tail = all_ids[-n:]
+            for end in range(len(all_ids) - 1, n - 1, -1):
+                if len(all_ids) >= n and all_ids[end - n : end] == tail:
+                    return all_ids[end : end + limit]
         return []
 
     hits = 0
     for t in ids[5:]:  # the output grows one token at a time, the index follows
         seq.output_ids.append(t)
-        got = index.draft(seq, 4)
+        got = index.propose(seq, [], 4)
         assert got == brute(seq.all_ids(), 4)
         hits += bool(got)
     assert hits > 3  # the repeated objects were found
