@@ -280,3 +280,29 @@ def test_a_multimodal_gemma3_checkpoint_serves_its_language_model(tmp_path):
     cfg = ModelConfig.from_folder(tmp_path)
     runner = ModelRunner(load_weights_from_folder(tmp_path, cfg, torch.float32, "cpu"))
     SCENARIOS["prefill-decode"](runner, ref, _close_for(0.0), VOCAB)
+
+
+@pytest.mark.parametrize("case", ["gemma3", "qwen3-moe"])
+def test_speculation_is_exact_on_windowed_and_routed_layers(case, smollm2_folder, tmp_path):
+    """Prompt-lookup drafts verified as extra decode rows, on layers whose attention is windowed
+    (shorter than the prompt) or whose MLP is routed: greedy tokens with speculation equal the
+    tokens without it, and drafts were proposed (a repetitive prompt, mined by the lookup)."""
+    cls, config = CASES[case]
+    config = copy.deepcopy(config)
+    config.vocab_size = 49152
+    save_random(cls, config, tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(smollm2_folder / name, tmp_path / name)
+    model = load_model(str(tmp_path))
+    # a raw prompt that ends inside its own repetition: the lookup proposes from the first step
+    prompt = model.tokenizer.encode("red green blue yellow, " * 20, add_special_tokens=False)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for spec in (True, False):
+        engine = make_engine(model, speculative=spec)
+        (choice,) = engine.generate([prompt], params)[0]
+        engine.check_integrity()
+        engine.close()
+        runs[spec] = choice
+    assert runs[True].token_ids == runs[False].token_ids
+    assert runs[True].spec_proposed > 0 and runs[False].spec_proposed == 0
