@@ -134,30 +134,16 @@ def make_draft(seq: Sequence, tokenizer, limit: int, hints: DraftHints | None = 
     elif hints is not None:
         draft, seq.draft_hint = hints.shape(draft)
         draft = draft[:limit]
-    ok = _accepted_prefix(seq, draft)
+    ok = accepted_after(seq, [], draft)
     if seq.draft_hint is not None and seq.draft_hint.pos >= ok:
         seq.draft_hint = None
     return draft[:ok]
 
 
-def _accepted_prefix(seq: Sequence, draft: list[int]) -> int:
-    """How many leading `draft` tokens `seq`'s matcher accepts; the matcher is left as it was.
-    A matcher in error is recovered once (`grammar_masks.accept_checked`) or fails the sequence."""
-    m = seq.matcher
-    if m is None or not draft:
-        return len(draft)
-    ok = 0
-    for tok in draft:
-        if not accept_checked(m, tok):
-            break
-        ok += 1
-    m.rollback(ok)
-    return ok
-
-
 def accepted_after(seq: Sequence, prefix: list[int], more: list[int]) -> int:
     """How many leading `more` tokens `seq`'s matcher accepts after `prefix` (tokens it is
-    known to accept); the matcher is left as it was. Unconstrained: all of them."""
+    known to accept); the matcher is left as it was. Unconstrained: all of them. A matcher in
+    error is recovered once (`masks.accept_checked`) or fails the sequence."""
     m = seq.matcher
     if m is None or not more:
         return len(more)

@@ -17,11 +17,11 @@ no k beats plain decoding. After `_MISSES_OFF` proposals in a row that got nothi
 and probes again with a 1-token proposal after a cooldown that doubles after each failed probe
 (`_PROBE_STEPS` .. `_MAX_PROBE_STEPS` steps).
 
-Devices. A step where any sequence feeds a draft is an extend step (`num_tokens` > sequences):
-on CUDA it runs eagerly, because `cuda_graphs.DecodeGraphs.fits` takes decode-only batches
-alone, so speculation never replays (or corrupts) a captured graph; on the CPU it runs the
-layer-by-layer path instead of `fused_decode`. Steps without drafts keep their graphs and the
-fused path, which is why k drops to 0 where proposals do not pay.
+Devices. A decoding sequence's draft enters the batch as one-token decode rows
+(`serving.step_inputs`), so a verify step stays decode-only: on the CPU it runs the fused decode
+path, on CUDA it replays the decode graphs where its rows fit a captured bucket (eagerly
+otherwise). Each extra row still costs its share of every matmul, which is what
+`lookup_row_cost` prices.
 """
 
 from __future__ import annotations

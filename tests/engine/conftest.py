@@ -14,6 +14,7 @@ import pytest
 from engine_helpers import save_tiny_llama
 
 from corral.engine.loading.assets import LoadedModel, load_model, resolve_model_folder
+from corral.grammar import TokenizerInfo
 
 
 def _require_default_model() -> None:
@@ -51,3 +52,11 @@ def tiny_model_folder(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFac
 def tiny_model(tiny_model_folder: Path) -> LoadedModel:
     """`tiny_model_folder`, loaded."""
     return load_model(str(tiny_model_folder))
+
+
+@pytest.fixture(scope="session")
+def tokinfo(smollm2: LoadedModel) -> TokenizerInfo:
+    """The default model's tokenizer as the grammar backends see it (full vocabulary, stop ids)."""
+    return TokenizerInfo.from_hf(
+        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
+    )

@@ -12,7 +12,7 @@ import pytest
 from engine_helpers import chat
 
 from corral.engine import AsyncEngine, EngineConfig, RequestError, SamplingParams
-from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar import ConstraintSpec, compile_constraint
 
 SCHEMA = {
     "type": "object",
@@ -21,13 +21,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def tokinfo(smollm2):
-    return TokenizerInfo.from_hf(
-        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
-    )
 
 
 async def collect(engine: AsyncEngine, prompt, params, constraint=None):

@@ -10,11 +10,10 @@ import json
 import re
 
 import jsonschema
-import pytest
 from engine_helpers import chat
 
 from corral.engine import Engine, EngineConfig, SamplingParams
-from corral.grammar import ConstraintError, ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar import ConstraintError, ConstraintSpec, compile_constraint
 
 NUM_SCHEMAS = 50
 MAX_SCHEMA_CHARS = 1200
@@ -22,13 +21,6 @@ MAX_SCHEMA_CHARS = 1200
 
 def make_engine(model, **overrides) -> Engine:
     return Engine(model, EngineConfig(num_threads=1, max_num_seqs=64, **overrides))
-
-
-@pytest.fixture(scope="module")
-def tokinfo(smollm2):
-    return TokenizerInfo.from_hf(
-        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
-    )
 
 
 def maskbench_sample(corpus, tokinfo) -> list[tuple[str, dict, object]]:

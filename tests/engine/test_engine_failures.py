@@ -38,13 +38,6 @@ def settled(eng: Engine) -> None:
     assert eng.cache.radix.protected_size == 0
 
 
-@pytest.fixture(scope="module")
-def tokinfo(smollm2):
-    return TokenizerInfo.from_hf(
-        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
-    )
-
-
 @pytest.mark.parametrize("jump_forward", [True, False])
 def test_matcher_in_error_mid_request_fails_only_that_request(
     smollm2, tokinfo, monkeypatch, jump_forward

@@ -19,16 +19,9 @@ from engine_helpers import chat, make_engine
 from corral.engine import SamplingParams
 from corral.engine.constrained.jump_forward import DraftHints, _tokenize_after
 from corral.engine.kvcache.kv_pool import KVPool
-from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar import ConstraintSpec, compile_constraint
 
 PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
-
-
-@pytest.fixture(scope="module")
-def tokinfo(smollm2):
-    return TokenizerInfo.from_hf(
-        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
-    )
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from corral.engine import SamplingParams
 from corral.engine.constrained.jump_forward import accepted_after
 from corral.engine.constrained.lookup import LookupIndex, SpecState
 from corral.engine.serving.core import ReasoningBudget, Sequence
-from corral.grammar import ConstraintSpec, TokenizerInfo, compile_constraint
+from corral.grammar import ConstraintSpec, compile_constraint
 from corral.grammar.closing.shortest import JsonCloser
 from corral.grammar.core.runtime import BudgetClose
 
@@ -47,13 +47,6 @@ SCHEMA = {
     "required": ["title", "reporter", "email", "component", "version"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def tokinfo(smollm2):
-    return TokenizerInfo.from_hf(
-        smollm2.tokenizer, vocab_size=smollm2.vocab_size, eos_token_ids=smollm2.eos_token_ids
-    )
 
 
 @pytest.fixture(scope="module")
