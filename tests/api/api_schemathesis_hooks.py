@@ -51,6 +51,8 @@ def before_call(context, case, kwargs) -> None:
         _servable_generate(body)
         return
     for key in ("max_tokens", "max_completion_tokens"):
+        if key in body and body[key] is None:  # null is "no limit": the whole context
+            del body[key]
         if _is_int(body.get(key)) and body[key] > MAX_TOKENS:
             body[key] = MAX_TOKENS
     if "max_tokens" not in body and "max_completion_tokens" not in body:
