@@ -17,11 +17,10 @@ no k beats plain decoding. After `_MISSES_OFF` proposals in a row that got nothi
 and probes again with a 1-token proposal after a cooldown that doubles after each failed probe
 (`_PROBE_STEPS` .. `_MAX_PROBE_STEPS` steps).
 
-Devices. A decoding sequence's draft enters the batch as one-token decode rows
-(`serving.step_inputs`), so a verify step stays decode-only: on the CPU it runs the fused decode
-path, on CUDA it replays the decode graphs where its rows fit a captured bucket (eagerly
-otherwise). Each extra row still costs its share of every matmul, which is what
-`lookup_row_cost` prices.
+Devices. A draft is fed after its sequence's token in one extend span (`serving.step_inputs`;
+its one-token decode rows are switched off, see there), so a verify step runs the layer-by-layer
+path on the CPU and eagerly on CUDA, never a captured decode graph. Each extra row costs its
+share of every matmul, which is what `lookup_row_cost` prices.
 """
 
 from __future__ import annotations
